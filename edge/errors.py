@@ -1,0 +1,59 @@
+"""Typed errors shared by every layer.
+
+NOTE: this module imports nothing from the project, so the lower layers (models, devices, kvcache)
+may raise these types without importing the higher layers of `edge`; it is the one allowed upward import.
+"""
+
+from __future__ import annotations
+
+
+class EdgeError(Exception):
+    """Base of every error edge raises on purpose. `hint` says what the user can do about it."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class ModelFormatError(EdgeError):
+    """A model file is truncated, corrupt, hostile or of a kind edge cannot read."""
+
+
+class ModelNotFoundError(EdgeError):
+    """A model name is not in the catalog and is not a readable file."""
+
+
+class PullError(EdgeError):
+    """Fetching or assembling a catalog model failed."""
+
+
+class ChecksumError(PullError):
+    """An assembled model file does not have the SHA-256 the catalog promises."""
+
+
+class TokenizerError(EdgeError):
+    """The tokenizer described by a model file cannot be built or used."""
+
+
+class TemplateError(EdgeError):
+    """A chat template is unsafe, too expensive, or fails to render."""
+
+
+class DeviceError(EdgeError):
+    """A requested device or backend is not available."""
+
+
+class BackendUnavailableError(DeviceError):
+    """A backend's SDK is not installed or cannot load."""
+
+
+class ContextOverflowError(EdgeError):
+    """A prompt or a generation does not fit in the model's context."""
+
+
+class GenerationCancelled(EdgeError):
+    """Generation was stopped by the caller; the model state stays usable."""

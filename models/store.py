@@ -1,0 +1,69 @@
+"""Where models live on disk, and turning a MODEL argument (catalog name or path) into a file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import platformdirs
+
+from edge.errors import ModelNotFoundError
+from models.catalog import CATALOG, CatalogEntry
+
+
+def cache_dir() -> Path:
+    """Models are cache: re-creatable from PyPI. EDGE_CACHE_DIR overrides the platform default."""
+    root = os.environ.get("EDGE_CACHE_DIR")
+    return Path(root) if root else Path(platformdirs.user_cache_dir("edge", appauthor=False))
+
+
+def model_path(entry: CatalogEntry) -> Path:
+    return cache_dir() / "models" / entry.file
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".verified.json")
+
+
+def write_verified_marker(path: Path, sha256: str) -> None:
+    st = path.stat()
+    _marker(path).write_text(json.dumps({"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}))
+
+
+def is_verified(entry: CatalogEntry) -> bool:
+    """True when the assembled file is present and unchanged since its SHA-256 was checked."""
+    path = model_path(entry)
+    try:
+        mark = json.loads(_marker(path).read_text())
+        st = path.stat()
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(mark, dict)
+        and mark.get("sha256") == entry.sha256
+        and mark.get("size") == st.st_size
+        and mark.get("mtime_ns") == st.st_mtime_ns
+    )
+
+
+def resolve_model(model: str, *, pull_missing: bool = True) -> Path:
+    """A catalog name (pulled on first use) or a path to a local .gguf file."""
+    entry = CATALOG.get(model)
+    if entry is not None:
+        if is_verified(entry):
+            return model_path(entry)
+        if not pull_missing:
+            raise ModelNotFoundError(f"model {model!r} is not pulled yet", hint=f"run: edge pull {model}")
+        from models.pull import pull  # a network step, imported only when needed
+
+        return pull(entry)
+    path = Path(model).expanduser()
+    if path.is_file():
+        return path
+    if path.exists():
+        raise ModelNotFoundError(f"{model!r} is not a regular file", hint="pass a .gguf file")
+    names = ", ".join(CATALOG)
+    raise ModelNotFoundError(
+        f"no model named {model!r} and no such file", hint=f"use a catalog name ({names}) or a path to a .gguf"
+    )
