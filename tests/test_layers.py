@@ -1,0 +1,55 @@
+"""Imports point one way: kvcache, graph_opt <- models <- devices <- edge <- apps (shared/design.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK = {"kvcache": 0, "graph_opt": 0, "models": 1, "devices": 2, "edge": 3, "apps": 4}
+# The typed errors are a leaf module every layer may raise (edge/errors.py imports nothing of ours).
+ALLOWED = {"edge.errors"}
+BACKEND_SDKS = {"openvino", "onnxruntime", "llama_cpp", "coremltools"}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, at_top_level) for each import in a file."""
+    tree = ast.parse(path.read_text(), str(path))
+    top = set(map(id, tree.body))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, id(node) in top))
+    return out
+
+
+def _files() -> list[tuple[str, Path]]:
+    return [(pkg, f) for pkg in RANK for f in sorted((ROOT / pkg).rglob("*.py"))]
+
+
+def test_no_upward_imports() -> None:
+    bad = []
+    for pkg, f in _files():
+        for mod, _ in _imports(f):
+            head = mod.split(".")[0]
+            if head in RANK and RANK[head] > RANK[pkg] and mod not in ALLOWED:
+                bad.append(f"{f.relative_to(ROOT)} imports {mod}")
+    assert not bad, "\n".join(bad)
+    assert len(_files()) > 10
+
+
+def test_errors_module_is_a_leaf() -> None:
+    mods = [m for m, _ in _imports(ROOT / "edge" / "errors.py")]
+    assert all(m.split(".")[0] not in RANK for m in mods), mods
+
+
+def test_backend_sdks_imported_lazily() -> None:
+    bad = [
+        f"{f.relative_to(ROOT)} imports {mod} at module level"
+        for _, f in _files()
+        for mod, top in _imports(f)
+        if top and mod.split(".")[0] in BACKEND_SDKS
+    ]
+    assert not bad, "\n".join(bad)
