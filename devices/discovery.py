@@ -113,8 +113,9 @@ def probe_llamacpp() -> BackendStatus:
     try:
         import llama_cpp
     except Exception as exc:
-        return BackendStatus("llamacpp", False, reason=f"llama_cpp does not import: {exc}",
-                             hint="pip install llama-cpp-python")
+        return BackendStatus(
+            "llamacpp", False, reason=f"llama_cpp does not import: {exc}", hint="pip install llama-cpp-python"
+        )
     devices = [BackendDevice("cpu", "cpu", "llama.cpp CPU")]
     if llama_cpp.llama_supports_gpu_offload():
         devices.append(BackendDevice("gpu", "gpu", "llama.cpp layer offload"))
@@ -125,8 +126,9 @@ def probe_openvino() -> BackendStatus:
     try:
         import openvino as ov
     except Exception as exc:
-        return BackendStatus("openvino", False, reason=f"openvino does not import: {exc}",
-                             hint="pip install openvino")
+        return BackendStatus(
+            "openvino", False, reason=f"openvino does not import: {exc}", hint="pip install openvino"
+        )
     core = ov.Core()
     devices = []
     for name in core.available_devices:
@@ -148,10 +150,15 @@ def probe_ort() -> BackendStatus:
     try:
         import onnxruntime as ort
     except Exception as exc:
-        return BackendStatus("ort", False, reason=f"onnxruntime does not import: {exc}",
-                             hint="pip install onnxruntime")
-    kinds = {"CPUExecutionProvider": "cpu", "OpenVINOExecutionProvider": "cpu", "VitisAIExecutionProvider": "npu",
-             "QNNExecutionProvider": "npu"}
+        return BackendStatus(
+            "ort", False, reason=f"onnxruntime does not import: {exc}", hint="pip install onnxruntime"
+        )
+    kinds = {
+        "CPUExecutionProvider": "cpu",
+        "OpenVINOExecutionProvider": "cpu",
+        "VitisAIExecutionProvider": "npu",
+        "QNNExecutionProvider": "npu",
+    }
     devices = tuple(BackendDevice(p, kinds.get(p, "gpu"), p) for p in ort.get_available_providers())
     return BackendStatus("ort", True, ort.__version__, devices)
 
@@ -162,9 +169,14 @@ def probe_coreml() -> BackendStatus:
     try:
         import coremltools as ct
     except Exception as exc:
-        return BackendStatus("coreml", False, reason=f"coremltools does not import: {exc}",
-                             hint="pip install coremltools")
-    devices = (BackendDevice("cpu", "cpu"), BackendDevice("gpu", "gpu"), BackendDevice("ane", "npu", "Neural Engine"))
+        return BackendStatus(
+            "coreml", False, reason=f"coremltools does not import: {exc}", hint="pip install coremltools"
+        )
+    devices = (
+        BackendDevice("cpu", "cpu"),
+        BackendDevice("gpu", "gpu"),
+        BackendDevice("ane", "npu", "Neural Engine"),
+    )
     return BackendStatus("coreml", True, ct.__version__, devices)
 
 

@@ -43,7 +43,8 @@ class LlamaCppDecoder:
             raise DeviceError(f"llamacpp runs on cpu or gpu, not {opts.device!r}", hint="use --device cpu")
         if opts.device == "gpu" and not llama_cpp.llama_supports_gpu_offload():
             raise DeviceError(
-                "this llama.cpp build has no GPU offload", hint="use --device cpu, or a GPU build of llama-cpp-python"
+                "this llama.cpp build has no GPU offload",
+                hint="use --device cpu, or a GPU build of llama-cpp-python",
             )
         import psutil
 
@@ -63,7 +64,8 @@ class LlamaCppDecoder:
             )
         except ValueError as exc:  # llama-cpp-python's way of saying the model did not load
             raise ModelFormatError(
-                f"llama.cpp could not load {path}: {exc}", hint="check the file with `edge tokenize` or re-pull it"
+                f"llama.cpp could not load {path}: {exc}",
+                hint="check the file with `edge tokenize` or re-pull it",
             ) from None
         self._lib = llama_cpp
         self._ctx = self._llama._ctx

@@ -38,7 +38,9 @@ def place(inventory: Inventory, *, backend: str | None, device: str, fallback: b
         raise DeviceError(f"unknown backend {backend!r}", hint="use one of: llamacpp, ort, openvino, coreml")
     status = inventory.backend(backend)
     if status is not None and not status.available:
-        raise BackendUnavailableError(f"backend {backend!r} is unavailable: {status.reason}", hint=status.hint or None)
+        raise BackendUnavailableError(
+            f"backend {backend!r} is unavailable: {status.reason}", hint=status.hint or None
+        )
     if backend not in RUNNABLE_BACKENDS:
         raise BackendUnavailableError(
             f"backend {backend!r} is discovered but cannot run models in this version of edge",

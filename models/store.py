@@ -65,5 +65,6 @@ def resolve_model(model: str, *, pull_missing: bool = True) -> Path:
         raise ModelNotFoundError(f"{model!r} is not a regular file", hint="pass a .gguf file")
     names = ", ".join(CATALOG)
     raise ModelNotFoundError(
-        f"no model named {model!r} and no such file", hint=f"use a catalog name ({names}) or a path to a .gguf"
+        f"no model named {model!r} and no such file",
+        hint=f"use a catalog name ({names}) or a path to a .gguf",
     )

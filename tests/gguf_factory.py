@@ -13,6 +13,8 @@ shape); quantized tensors hold `gguf.quants.quantize` of those values.
 from __future__ import annotations
 
 import os
+import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,43 @@ def write_tiny_gguf(path: str | os.PathLike[str], *, alignment: int | None = Non
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# Hand-made GGUF bytes, for files GGUFWriter refuses to write (empty arrays, hostile layouts).
+def pack_string(s: str | bytes) -> bytes:
+    """A GGUF string: u64 byte length, then the bytes."""
+    b = s.encode("utf-8") if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def pack_kv(key: str | bytes, vtype: int, payload: bytes) -> bytes:
+    """One metadata pair; `payload` is the value's encoding after its u32 type."""
+    return pack_string(key) + struct.pack("<I", vtype) + payload
+
+
+def pack_tensor_info(name: str | bytes, dims: Sequence[int], ggml_type: int, offset: int) -> bytes:
+    """One tensor-info record; dims in GGUF order (ne[0] first), offset relative to the data section."""
+    return (
+        pack_string(name)
+        + struct.pack("<I", len(dims))
+        + struct.pack(f"<{len(dims)}Q", *dims)
+        + struct.pack("<IQ", ggml_type, offset)
+    )
+
+
+def craft_gguf(
+    kvs: Sequence[bytes] = (),
+    infos: Sequence[bytes] = (),
+    data: bytes = b"",
+    *,
+    alignment: int = 32,
+    version: int = 3,
+    n_kv: int | None = None,
+    n_tensors: int | None = None,
+) -> bytes:
+    """A GGUF file image: header (counts default to len(kvs), len(infos)), records, padding, data."""
+    head = b"GGUF" + struct.pack(
+        "<IQQ", version, len(infos) if n_tensors is None else n_tensors, len(kvs) if n_kv is None else n_kv
+    )
+    body = head + b"".join(kvs) + b"".join(infos)
+    return body + b"\0" * (-len(body) % alignment) + data

@@ -18,18 +18,25 @@ CHATML = (
 def test_renders_chatml_with_generation_prompt() -> None:
     t = ChatTemplate(CHATML)
     out = t.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
-    assert out == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        out
+        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert t.render([{"role": "user", "content": "Hi"}], add_generation_prompt=False).endswith("<|im_end|>\n")
 
 
 def test_lenient_undefined_like_transformers() -> None:
     # Qwen's template tests `tools` and `message.tool_calls`, which are absent in a plain chat.
-    t = ChatTemplate("{% if tools %}T{% endif %}{% for m in messages %}{{ m.tool_calls is defined }}{% endfor %}")
+    t = ChatTemplate(
+        "{% if tools %}T{% endif %}{% for m in messages %}{{ m.tool_calls is defined }}{% endfor %}"
+    )
     assert t.render([{"role": "user", "content": "x"}]) == "False"
 
 
 def test_bos_and_raise_exception() -> None:
-    t = ChatTemplate("{{ bos_token }}{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}")
+    t = ChatTemplate(
+        "{{ bos_token }}{% if messages[0].role != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+    )
     assert t.render([{"role": "user", "content": "x"}]) == ""
     t2 = ChatTemplate("{{ bos_token }}x", bos_token="<s>")
     assert t2.render([]) == "<s>x"
