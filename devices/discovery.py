@@ -135,7 +135,8 @@ def probe_openvino() -> BackendStatus:
         props: dict[str, Any] = {}
         for prop in ("OPTIMIZATION_CAPABILITIES", "DEVICE_TYPE", "GPU_DEVICE_TOTAL_MEM_SIZE"):
             try:
-                props[prop] = str(core.get_property(name, prop))
+                value = core.get_property(name, prop)
+                props[prop] = [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
             except Exception:  # not every device exposes every property
                 continue
         try:
@@ -153,13 +154,20 @@ def probe_ort() -> BackendStatus:
         return BackendStatus(
             "ort", False, reason=f"onnxruntime does not import: {exc}", hint="pip install onnxruntime"
         )
+    # Execution providers that are local devices; others (e.g. Azure: a remote endpoint) are not listed.
     kinds = {
         "CPUExecutionProvider": "cpu",
+        "CUDAExecutionProvider": "gpu",
+        "TensorrtExecutionProvider": "gpu",
+        "ROCMExecutionProvider": "gpu",
+        "MIGraphXExecutionProvider": "gpu",
+        "DmlExecutionProvider": "gpu",
+        "CoreMLExecutionProvider": "gpu",
         "OpenVINOExecutionProvider": "cpu",
         "VitisAIExecutionProvider": "npu",
         "QNNExecutionProvider": "npu",
     }
-    devices = tuple(BackendDevice(p, kinds.get(p, "gpu"), p) for p in ort.get_available_providers())
+    devices = tuple(BackendDevice(p, kinds[p], p) for p in ort.get_available_providers() if p in kinds)
     return BackendStatus("ort", True, ort.__version__, devices)
 
 

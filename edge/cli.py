@@ -175,9 +175,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def cmd_devices(args: argparse.Namespace) -> int:
     from devices.discovery import discover
 
+    from devices.placement import RUNNABLE_BACKENDS
+
     inv = discover()
     if args.json:
-        print(json.dumps(inv.to_dict()))
+        data = inv.to_dict()
+        for b in data["backends"]:  # discovered is not the same as able to run a model in this version
+            b["runs_models"] = b["available"] and b["name"] in RUNNABLE_BACKENDS
+        print(json.dumps(data))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -193,7 +198,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
     table = Table("backend", "status", "version", "devices")
     for b in inv.backends:
         devs = ", ".join(f"{d.name} ({d.kind})" for d in b.devices)
-        status = "[green]ready[/]" if b.available else f"[yellow]unavailable[/]: {b.reason}"
+        if b.available:
+            runs = b.name in RUNNABLE_BACKENDS
+            status = "[green]ready[/]" if runs else "found (no model runner in this version)"
+        else:
+            status = f"[yellow]unavailable[/]: {b.reason}"
         if b.hint:
             status += f" ({b.hint})"
         table.add_row(b.name, status, b.version, devs)
