@@ -174,7 +174,6 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 # -- edge devices / models / pull ------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
     from devices.discovery import discover
-
     from devices.placement import RUNNABLE_BACKENDS
 
     inv = discover()

@@ -37,7 +37,7 @@ def test_devices_json_matches_the_machine() -> None:
     assert set(backends) == {"llamacpp", "openvino", "ort", "coreml"}
     llama = backends["llamacpp"]
     assert llama["available"] and llama["version"]
-    assert [d["kind"] for d in llama["devices"]][0] == "cpu"
+    assert llama["devices"][0]["kind"] == "cpu"
     for b in backends.values():  # an unavailable backend always says why
         assert b["available"] or b["reason"]
     if sys.platform != "darwin":
@@ -80,7 +80,7 @@ def test_unknown_device_and_backend() -> None:
 
 def test_unavailable_backend_says_why() -> None:
     inv = _inventory(BackendStatus("openvino", False, reason="not installed", hint="pip install openvino"))
-    with pytest.raises(BackendUnavailableError, match="not installed.*pip install openvino"):
+    with pytest.raises(BackendUnavailableError, match=r"not installed.*pip install openvino"):
         place(inv, backend="openvino", device="cpu")
 
 
