@@ -330,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nedge: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
+        # the reader went away (e.g. `| head`): stop quietly, and keep Python's exit flush from complaining
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
         _fail(f"edge: internal error: {type(exc).__name__}: {exc} (EDGE_DEBUG=1 shows the traceback)", debug)

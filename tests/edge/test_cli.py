@@ -1,0 +1,213 @@
+"""The `edge` command line end to end, on real catalog models (pulled on first use)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from models.store import resolve_model
+
+EDGE = [sys.executable, "-m", "edge.cli"]
+
+
+def edge(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "EDGE_DEBUG"}
+    return subprocess.run(
+        [*EDGE, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("edge: error:") and "Traceback" not in proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_unknown_model_is_one_clear_line() -> None:
+    proc = edge("run", "no-such-model.gguf", "hi")
+    assert_one_line_error(proc, "no-such-model.gguf", "catalog name")
+
+
+def test_hostile_file_is_one_clear_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**62).to_bytes(8, "little") + bytes(8))
+    assert_one_line_error(edge("run", str(bad), "hi"), "bad.gguf")
+    assert_one_line_error(edge("tokenize", str(bad), "hi"), "bad.gguf")
+
+
+def test_bad_option_values() -> None:
+    assert_one_line_error(edge("run", "smollm2-135m", "hi", "--top-p", "0"), "top_p")
+
+
+@pytest.mark.slow
+def test_absent_device_lists_what_exists_and_fallback_is_announced() -> None:
+    assert_one_line_error(
+        edge("run", "smollm2-135m", "hi", "--device", "npu"), "no npu", "found:", "--fallback"
+    )
+    proc = edge(
+        "run", "smollm2-135m", "Say hi", "--device", "npu", "--fallback", "--max-tokens", "4", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["device"] == "cpu" and out["fallback"] == "npu -> cpu"
+    assert "fallback npu -> cpu" in proc.stderr
+
+
+@pytest.mark.slow
+def test_run_json_greedy_equals_llama_cpp_python() -> None:
+    import llama_cpp
+
+    prompt = "Why is the sky blue? Answer in two sentences."
+    proc = edge("run", "smollm2-135m", prompt, "--json", "--temperature", "0", "--max-tokens", "48")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)  # the whole stdout is one JSON object
+    keys = {"model", "text", "token_ids", "n_prompt_tokens", "n_tokens", "ttft_ms", "prefill_tok_s"}
+    keys |= {"decode_tok_s", "backend", "device", "fallback", "draft"}
+    assert keys <= set(out)
+    assert out["model"] == "smollm2-135m" and out["backend"] == "llamacpp" and out["device"] == "cpu"
+    assert out["fallback"] is None and out["draft"] is None
+    assert out["n_tokens"] == len(out["token_ids"]) > 0 and out["ttft_ms"] > 0 and out["decode_tok_s"] > 0
+    assert "blue" in out["text"].lower() or "light" in out["text"].lower()
+
+    # llama-cpp-python's own pipeline on the same prompt: its tokenizer, its greedy sampler
+    path = str(resolve_model("smollm2-135m"))
+    llm = llama_cpp.Llama(model_path=path, n_ctx=4096, n_threads=2, verbose=False)
+    rendered = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids = llm.tokenize(rendered.encode(), add_bos=False, special=True)
+    assert out["n_prompt_tokens"] == len(ids)
+    ref: list[int] = []
+    for tok in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0):
+        if llm._model.token_is_eog(tok) or len(ref) == 48:
+            break
+        ref.append(tok)
+    llm.close()
+    assert out["token_ids"] == ref
+    assert out["text"] == llm_detok(path, ref)
+
+
+def llm_detok(path: str, ids: list[int]) -> str:
+    import llama_cpp
+
+    v = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    return v.detokenize(ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.slow
+def test_run_streams_text_and_summary() -> None:
+    proc = edge("run", "smollm2-135m", "Count from 1 to 5.", "--max-tokens", "24", "--seed", "7")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert "tokens" in summary and "TTFT" in summary and "tok/s" in summary and "llamacpp/cpu" in summary
+    again = edge("run", "smollm2-135m", "Count from 1 to 5.", "--max-tokens", "24", "--seed", "7")
+    assert again.stdout == proc.stdout  # a seed makes sampling repeat
+
+
+@pytest.mark.slow
+def test_default_model_and_stdin_prompt() -> None:
+    proc = edge("run", "--max-tokens", "8", "--json", stdin="What is 2+2?")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["model"] == "smollm2-135m"
+
+
+@pytest.mark.slow
+def test_base_model_runs_as_completion_with_a_note() -> None:
+    proc = edge("run", "gemma3-270m", "The capital of France is", "--temperature", "0", "--max-tokens", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "no chat template" in proc.stderr and "plain completion" in proc.stderr
+    assert "Paris" in proc.stdout
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context() -> None:
+    proc = edge("run", "smollm2-135m", "word " * 400, "--ctx-size", "128")
+    assert_one_line_error(proc, "context holds 128", "--ctx-size")
+
+
+@pytest.mark.slow
+def test_stop_string_is_not_printed() -> None:
+    proc = edge("run", "smollm2-135m", "List the numbers 1 to 9, comma separated.", "--temperature", "0")
+    full = json.loads(
+        edge(
+            "run", "smollm2-135m", "List the numbers 1 to 9, comma separated.", "--temperature", "0", "--json"
+        ).stdout
+    )["text"]
+    assert "4" in full
+    stopped = edge(
+        "run",
+        "smollm2-135m",
+        "List the numbers 1 to 9, comma separated.",
+        "--temperature",
+        "0",
+        "--stop",
+        "4",
+        "--json",
+    )
+    out = json.loads(stopped.stdout)
+    assert out["stop_reason"] == "stop" and out["text"] == full[: full.index("4")]
+    assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_generation_exits_cleanly() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "EDGE_DEBUG"}
+    p = subprocess.Popen(
+        [
+            *EDGE,
+            "run",
+            "smollm2-135m",
+            "Write a long story about a lighthouse.",
+            "--max-tokens",
+            "2000",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert p.stdout is not None
+    first = p.stdout.read(20)  # wait until text streams
+    assert first
+    p.send_signal(signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_tokenize_json_and_jsonl_match_llama_cpp() -> None:
+    import llama_cpp
+
+    path = str(resolve_model("qwen2.5-coder-0.5b"))
+    vocab = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    texts = ["<|im_start|>user\nhello wörld 🤖<|im_end|>", "def f(x):\n    return x**2  # 平方", "   "]
+    out = json.loads(edge("tokenize", "qwen2.5-coder-0.5b", texts[0], "--json").stdout)
+    assert out == {"model": "qwen2.5-coder-0.5b", "token_ids": vocab.tokenize(texts[0].encode(), False, True)}
+    proc = edge(
+        "tokenize", "qwen2.5-coder-0.5b", "--jsonl", stdin="".join(json.dumps(t) + "\n" for t in texts)
+    )
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert rows == [{"token_ids": vocab.tokenize(t.encode(), False, True)} for t in texts]
+    started = time.monotonic()
+    assert_one_line_error(edge("tokenize", "qwen2.5-coder-0.5b", "--jsonl", stdin="[1, 2]\n"), "line 1")
+    assert time.monotonic() - started < 60

@@ -1,0 +1,130 @@
+"""Tiny random decoder GGUFs (llama, qwen2, gemma3) written with gguf.GGUFWriter, loadable by llama.cpp.
+
+They carry a small SentencePiece-style vocabulary (unk/bos/eos, the 256 byte tokens llama.cpp requires, and a
+few words) so llama.cpp loads them; tests feed token ids directly, so the tokenizer content does not matter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    arch: str = "llama"  # "llama" | "qwen2" | "gemma3"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_vocab: int = 320
+    ctx: int = 2048
+    rope_base: float = 10000.0
+    eps: float = 1e-6
+    sliding_window: int = 8  # gemma3 local layers
+    weight_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
+    tied: bool = False  # no output.weight: the head reuses token_embd (gemma3 always)
+    seed: int = 0
+
+
+def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
+    tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    i = 0
+    while len(tokens) < n:
+        tokens.append(f"\u2581w{i}".encode())
+        types.append(1)
+        i += 1
+    scores = [0.0] * 3 + [0.0] * 256 + [-float(k) for k in range(len(tokens) - 259)]
+    return tokens, scores, types
+
+
+def _quant(w: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+    if qtype == gguf.GGMLQuantizationType.F32:
+        return w.astype(np.float32)
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return w.astype(np.float16)
+    return gguf.quants.quantize(w.astype(np.float32), qtype)
+
+
+def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
+    """Write a random model of `spec` to `path` and return it. Norm weights stay F32, as llama.cpp writes them."""
+    rng = np.random.default_rng(spec.seed)
+    path = Path(path)
+    arch = spec.arch
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(spec.ctx)
+    w.add_embedding_length(spec.n_embd)
+    w.add_block_count(spec.n_layer)
+    w.add_feed_forward_length(spec.n_ff)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_layer_norm_rms_eps(spec.eps)
+    w.add_rope_freq_base(spec.rope_base)
+    if arch == "gemma3":
+        w.add_sliding_window(spec.sliding_window)
+    tokens, scores, types = _vocab(spec.n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+
+    d, hd, ff, v = spec.n_embd, spec.head_dim, spec.n_ff, spec.n_vocab
+    q = spec.weight_type
+
+    def lin(name: str, n_out: int, n_in: int, scale: float | None = None) -> None:
+        s = scale if scale is not None else 1.0 / np.sqrt(n_in)
+        w.add_tensor(
+            name,
+            _quant(rng.normal(0, s, (n_out, n_in)), q),
+            raw_dtype=None if q.name in ("F32", "F16") else q,
+        )
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    lin("token_embd.weight", v, d, scale=1.0)
+    for i in range(spec.n_layer):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", d)
+        lin(p + "attn_q.weight", spec.n_head * hd, d)
+        lin(p + "attn_k.weight", spec.n_head_kv * hd, d)
+        lin(p + "attn_v.weight", spec.n_head_kv * hd, d)
+        lin(p + "attn_output.weight", d, spec.n_head * hd)
+        if arch == "qwen2":
+            for nm, n in (
+                ("attn_q", spec.n_head * hd),
+                ("attn_k", spec.n_head_kv * hd),
+                ("attn_v", spec.n_head_kv * hd),
+            ):
+                w.add_tensor(p + nm + ".bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
+        if arch == "gemma3":
+            norm(p + "attn_q_norm.weight", hd)
+            norm(p + "attn_k_norm.weight", hd)
+            norm(p + "post_attention_norm.weight", d)
+            norm(p + "post_ffw_norm.weight", d)
+        norm(p + "ffn_norm.weight", d)
+        lin(p + "ffn_gate.weight", ff, d)
+        lin(p + "ffn_up.weight", ff, d)
+        lin(p + "ffn_down.weight", d, ff)
+    norm("output_norm.weight", d)
+    if not spec.tied and arch != "gemma3":
+        lin("output.weight", v, d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
