@@ -14,6 +14,7 @@ A string is a u64 byte length and that many UTF-8 bytes; an array is u32 item ty
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import stat
@@ -41,6 +42,9 @@ class GGUFLimits:
     max_name_bytes: int = 64 << 10  # one metadata key or tensor name
     max_array_elements: int = 1 << 24  # one array (each level of a nested one)
     max_array_depth: int = 3  # 1 = a flat array; 2 = an array of arrays; ...
+    # Array strings and inner arrays, all keys together: each is a Python object of ~50+ bytes, so this
+    # bounds memory where the byte limits alone would allow ~7x the file's size.
+    max_array_objects: int = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -149,10 +153,10 @@ _QUANT_SIZES: dict[int, tuple[int, int]] = {
     int(t): (b, s) for t, (b, s) in GGML_QUANT_SIZES.items() if b > 0 and s > 0
 }
 
-_HINT_CORRUPT = (
-    "the file is corrupt or not a GGUF model; if it came from `edge pull`, delete it and run `edge pull` again"
-)
-_HINT_TRUNCATED = "the file was cut short (an interrupted download?); run `edge pull` again or re-download it"
+# `edge pull NAME --force` below is specialised to the model's name when the file is a catalog model.
+_PULL = "`edge pull NAME --force`"
+_HINT_CORRUPT = f"the file is corrupt or not a GGUF model; if it came from `edge pull`, run {_PULL}"
+_HINT_TRUNCATED = f"the file was cut short (an interrupted download?); run {_PULL} or re-download it"
 _HINT_LIMIT = (
     "this exceeds a safety limit of edge's GGUF reader; if the model is genuine, "
     "pass larger limits: open_gguf(path, limits=GGUFLimits(...))"
@@ -162,7 +166,8 @@ _HINT_CONVERT = "convert the model again with a current llama.cpp (convert_hf_to
 
 def _truncated(path: Path, need: int, size: int, what: str) -> ModelFormatError:
     return ModelFormatError(
-        f"{path}: file is truncated: {what} needs {need} bytes but the file has {size} ({need - size} missing)",
+        f"{path}: file is truncated: {what} needs {need} bytes "
+        f"but the file has {size} ({need - size} missing)",
         hint=_HINT_TRUNCATED,
     )
 
@@ -177,24 +182,25 @@ class _Parser:
         self.limits = limits
         self.pos = 0
         self.end = size
+        self.objects_left = limits.max_array_objects
 
     def fail(self, what: str, at: int, hint: str = _HINT_CORRUPT) -> ModelFormatError:
         return ModelFormatError(f"{self.path}: {what} (at byte {at})", hint=hint)
 
     def overrun(self, what: str, at: int, need: int) -> ModelFormatError:
-        left = self.end - at
-        if self.end < self.size:
+        left = self.size - at
+        if need <= left:  # fits in the file: only the metadata budget stops it
             return self.fail(
                 f"{what} needs {need} bytes, beyond the {self.limits.max_metadata_bytes}-byte metadata limit",
                 at,
                 _HINT_LIMIT,
             )
-        if need > self.size:  # a huge declared length: corruption, not a short download
-            return self.fail(f"{what} declares {need} bytes but only {left} are left in the file", at)
+        # A length beyond the whole file is more likely corruption than a short download; say both.
         return self.fail(
-            f"{what} needs {need} bytes but only {left} are left: the file is truncated or corrupt",
+            f"{what} needs {need} bytes but only {left} are left in the {self.size}-byte file: "
+            "it is truncated or corrupt",
             at,
-            _HINT_TRUNCATED,
+            _HINT_CORRUPT if need > self.size else _HINT_TRUNCATED,
         )
 
     def take(self, n: int, what: str) -> int:
@@ -280,6 +286,16 @@ class _Parser:
         (v,) = st.unpack_from(self.buf, self.take(st.size, where))
         return bool(v) if vtype == 7 else v
 
+    def count_objects(self, n: int, where: str, at: int) -> None:
+        if n > self.objects_left:
+            raise self.fail(
+                f"{where} brings the number of strings and arrays inside metadata arrays past the limit "
+                f"of {self.limits.max_array_objects}",
+                at,
+                _HINT_LIMIT,
+            )
+        self.objects_left -= n
+
     def array(self, where: str, depth: int) -> Any:
         lim = self.limits
         at = self.pos
@@ -300,12 +316,14 @@ class _Parser:
         if itype == _STRING:
             if n * 8 > self.end - self.pos:  # each string takes at least its 8-byte length
                 raise self.overrun(f"array of {n} strings in {where}", self.pos, n * 8)
+            self.count_objects(n, where, at)
             return self.string_array(n, where)
         if itype == _ARRAY:
             if depth >= lim.max_array_depth:
                 raise self.fail(f"{where} nests arrays deeper than the limit of {lim.max_array_depth}", at)
             if n * 12 > self.end - self.pos:  # each inner array takes at least type + count
                 raise self.overrun(f"array of {n} arrays in {where}", self.pos, n * 12)
+            self.count_objects(n, where, at)
             return [self.array(where, depth + 1) for _ in range(n)]
         raise self.fail(f"{where} is an array of unknown item type {itype}", at)
 
@@ -313,12 +331,19 @@ class _Parser:
 def open_gguf(path: str | os.PathLike[str], *, limits: GGUFLimits | None = None) -> GGUFFile:
     """Parse a GGUF file's header, metadata and tensor index; raise ModelFormatError on any defect.
 
-    Tensor data is not read here; `tensor_bytes` maps it on demand.
+    Tensor data is not read here; `tensor_bytes` maps it on demand. A missing or unreadable file raises
+    the usual OSError.
     """
     p = Path(path)
-    limits = limits or GGUFLimits()
-    st = os.stat(p)
-    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+    try:
+        return _open(p, limits or GGUFLimits())
+    except ModelFormatError as e:
+        e.hint = _name_the_model(p, e.hint)
+        raise
+
+
+def _open(p: Path, limits: GGUFLimits) -> GGUFFile:
+    if not stat.S_ISREG(os.stat(p).st_mode):  # a FIFO or device would block or never end
         raise ModelFormatError(f"{p}: not a regular file", hint="pass a .gguf model file")
     with open(p, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -331,6 +356,13 @@ def open_gguf(path: str | os.PathLike[str], *, limits: GGUFLimits | None = None)
             raise _truncated(p, 24, size, "the GGUF header")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse(_Parser(buf, p, size, limits))
+
+
+def _name_the_model(path: Path, hint: str | None) -> str | None:
+    from models.catalog import CATALOG  # same layer; only needed on the error path
+
+    names = [e.name for e in CATALOG.values() if e.file == path.name]
+    return hint.replace("NAME", names[0]) if hint and names else hint
 
 
 def _parse(r: _Parser) -> GGUFFile:
@@ -348,15 +380,19 @@ def _parse(r: _Parser) -> GGUFFile:
         raise r.fail(f"unsupported GGUF version {version} (supported: 2, 3)", 4, _HINT_CONVERT)
     n_tensors = r.u64("tensor count")
     n_kv = r.u64("metadata count")
-    if n_tensors > lim.max_tensors:
-        raise r.fail(f"declares {n_tensors} tensors, more than the limit of {lim.max_tensors}", 8, _HINT_LIMIT)
-    if n_kv > lim.max_kv:
-        raise r.fail(f"declares {n_kv} metadata pairs, more than the limit of {lim.max_kv}", 16, _HINT_LIMIT)
+    # Counts the file cannot hold are corruption; plausible ones may still exceed a limit.
     if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_INFO_BYTES > r.size - r.pos:
         raise r.fail(
-            f"declares {n_kv} metadata pairs and {n_tensors} tensors, which cannot fit in a {r.size}-byte file",
+            f"declares {n_kv} metadata pairs and {n_tensors} tensors, "
+            f"which cannot fit in a {r.size}-byte file",
             8,
         )
+    if n_tensors > lim.max_tensors:
+        raise r.fail(
+            f"declares {n_tensors} tensors, more than the limit of {lim.max_tensors}", 8, _HINT_LIMIT
+        )
+    if n_kv > lim.max_kv:
+        raise r.fail(f"declares {n_kv} metadata pairs, more than the limit of {lim.max_kv}", 16, _HINT_LIMIT)
 
     # Metadata, read against the smaller of the file end and the metadata budget.
     r.end = min(r.size, r.pos + lim.max_metadata_bytes)
@@ -420,7 +456,7 @@ def _parse(r: _Parser) -> GGUFFile:
     data_offset = -(-r.pos // alignment) * alignment
     # Data ranges: sorted by offset, each must end before the next begins and within the file.
     by_offset = sorted(tensors.values(), key=lambda t: t.offset)
-    for prev, cur in zip(by_offset, by_offset[1:]):
+    for prev, cur in itertools.pairwise(by_offset):
         if prev.offset + prev.nbytes > cur.offset:
             raise r.fail(
                 f"data of tensor {prev.name!r} (relative offset {prev.offset}, {prev.nbytes} bytes) overlaps "
@@ -431,11 +467,14 @@ def _parse(r: _Parser) -> GGUFFile:
         last = by_offset[-1]
         need = data_offset + last.offset + last.nbytes
         if need > r.size:
-            if last.offset > r.size:  # an offset past any plausible download: corruption
+            # Writers lay tensors out back to back (llama.cpp requires it); data ending within that dense
+            # layout but past the file's end is a cut-short file, anything further out is corruption.
+            dense = sum(-(-t.nbytes // alignment) * alignment for t in by_offset)
+            if last.offset + last.nbytes > dense:
                 raise r.fail(
-                    f"data of tensor {last.name!r} starts at byte {data_offset + last.offset}, "
-                    f"beyond the end of the {r.size}-byte file",
-                    data_offset,
+                    f"data of tensor {last.name!r} ends at byte {need}, beyond the end of the "
+                    f"{r.size}-byte file and beyond the {dense} bytes its tensors need",
+                    data_offset + last.offset,
                 )
             raise _truncated(path, need, r.size, f"the data of tensor {last.name!r}")
     absolute = {

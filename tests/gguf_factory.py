@@ -8,6 +8,9 @@ array) and four tensors of types F32, F16, Q8_0 and Q4_0. `TINY_METADATA` is wha
 its metadata (keys in file order, values typed as `models.gguf_file` returns them); `TINY_TENSORS` maps each
 tensor name to its GGML type and the float32 values it was made from (numpy shape, i.e. reversed GGUF
 shape); quantized tensors hold `gguf.quants.quantize` of those values.
+
+For files GGUFWriter will not write (empty arrays, hostile layouts), `craft_gguf` assembles raw bytes from
+`pack_kv` / `pack_tensor_info` records.
 """
 
 from __future__ import annotations
@@ -50,7 +53,13 @@ _KV: list[tuple[str, GGUFValueType, Any, GGUFValueType | None, Any]] = [
     ),
     ("test.arr_u8", GGUFValueType.ARRAY, [0, 1, 255], GGUFValueType.UINT8, np.array([0, 1, 255], np.uint8)),
     ("test.arr_i16", GGUFValueType.ARRAY, [-5, 7], GGUFValueType.INT16, np.array([-5, 7], np.int16)),
-    ("test.arr_u32", GGUFValueType.ARRAY, [1, 2**32 - 1], GGUFValueType.UINT32, np.array([1, 2**32 - 1], np.uint32)),
+    (
+        "test.arr_u32",
+        GGUFValueType.ARRAY,
+        [1, 2**32 - 1],
+        GGUFValueType.UINT32,
+        np.array([1, 2**32 - 1], np.uint32),
+    ),
     ("test.arr_i32", GGUFValueType.ARRAY, [-1, 0, 3], GGUFValueType.INT32, np.array([-1, 0, 3], np.int32)),
     ("test.arr_i64", GGUFValueType.ARRAY, [-(2**40)], GGUFValueType.INT64, np.array([-(2**40)], np.int64)),
     ("test.arr_u64", GGUFValueType.ARRAY, [2**63], GGUFValueType.UINT64, np.array([2**63], np.uint64)),
@@ -61,7 +70,13 @@ _KV: list[tuple[str, GGUFValueType, Any, GGUFValueType | None, Any]] = [
         GGUFValueType.FLOAT32,
         np.array([0.25, -1.5, 3.0], np.float32),
     ),
-    ("test.arr_f64", GGUFValueType.ARRAY, [1e100, -2.0], GGUFValueType.FLOAT64, np.array([1e100, -2.0], np.float64)),
+    (
+        "test.arr_f64",
+        GGUFValueType.ARRAY,
+        [1e100, -2.0],
+        GGUFValueType.FLOAT64,
+        np.array([1e100, -2.0], np.float64),
+    ),
     (
         "test.arr_bool",
         GGUFValueType.ARRAY,
