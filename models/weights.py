@@ -1,0 +1,638 @@
+"""Lossless import of GGUF weights into ONNX weight representations.
+
+A GGUF linear weight of GGUF shape (K, N) holds N rows of K inputs, quantized in blocks along K. Every
+supported block format decodes, per block of `block_size` elements, to
+
+    w = (code - zero_point) * scale [+ bias]
+
+with `code` an unsigned `bits`-bit integer, `zero_point` an integer, `scale` and `bias` float32. The codes
+are the file's own quantized values (shifted by a constant where that makes the zero point the
+MatMulNBits default), so no value is re-quantized: `dequantize()` here reproduces `gguf.quants.dequantize`
+bit for bit, because `(code - zero_point)` is the exact integer the format stores and scale / bias are
+the same float32 products gguf-py forms (d * sc, dmin * m).
+
+| GGUF type | bits | block | zero point       | bias            |
+|-----------|------|-------|------------------|-----------------|
+| Q4_0      | 4    | 32    | 8 (default)      | -               |
+| Q4_1      | 4    | 32    | 0                | m               |
+| Q4_K      | 4    | 32    | 0                | -dmin * m_j     |
+| Q3_K      | 4    | 16    | 8 (default)      | -               |
+| Q2_K      | 4    | 16    | 8 (default)      | -dmin * m_j     |
+| Q5_0      | 8    | 32    | 128 (default)    | -               |
+| Q5_1      | 8    | 32    | 128 (default)    | m               |
+| Q5_K      | 8    | 32    | 128 (default)    | -dmin * m_j     |
+| Q6_K      | 8    | 16    | 128 (default)    | -               |
+| Q8_0      | 8    | 32    | 128 (default)    | -               |
+| F32/F16/BF16 | float initializer (F16 kept as float16, BF16 widened to float32 exactly)   |
+
+Lowerings to ONNX (`NBitsWeight.to_onnx`), measured in tests/models/test_weights.py:
+- "nbits": one `com.microsoft.MatMulNBits`; a bias becomes a float zero point `zp - bias / scale`.
+  ORT CPU runs 4-bit float zero points only on its slow path (B dequantized on every call) and refuses
+  8-bit float zero points; OpenVINO accepts every variant.
+- "nbits_split" (default): MatMulNBits with integer zero points plus the bias term as
+  `sum over each block of X` @ bias^T, a matmul 1/block_size the size of the main one. Runs everywhere.
+- "qdq": standard ONNX (opset 21): block-wise `DequantizeLinear` of int4/uint4/int8/uint8 codes -> MatMul,
+  with the same bias term; for targets without the com.microsoft domain.
+
+Runtime facts that decide speed and exactness (ORT 1.32, OpenVINO 2026.4, CPU):
+- ORT's fast (prepacked) MatMulNBits path needs integer zero points; with accuracy_level 0 only the 4-bit
+  kernels are fast, 8-bit ones dequantize B on every call (~10 ms for 896 x 4864) unless accuracy_level=4
+  (x quantized to int8, like llama.cpp, not fp32-exact).
+- ORT fuses DequantizeLinear -> MatMul into MatMulNBits with accuracy level 4 by default; session config
+  "session.qdq_matmulnbits_accuracy_level" = "0" keeps it exact.
+- OpenVINO keeps all three forms compressed (FullyConnected on u4/i4/u8/i8 weights), but by default
+  quantizes x to int8 for integer-zero-point weights with blocks >= 32 (~5e-3 relative error); the
+  compile property "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0" makes it fp32-exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from edge.errors import ModelFormatError
+
+if TYPE_CHECKING:
+    import onnx
+
+    from models.gguf_file import GGUFFile
+
+__all__ = [
+    "FLOAT_TYPES",
+    "NBITS_TYPES",
+    "FloatWeight",
+    "Lowering",
+    "NBitsWeight",
+    "OnnxLinear",
+    "dequantize_raw",
+    "dequantize_rows",
+    "dequantize_tensor",
+    "import_linear",
+    "linear_from_raw",
+    "supported_types",
+]
+
+Lowering = Literal["nbits", "nbits_split", "qdq"]
+_T = GGMLQuantizationType
+_F32 = np.float32
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Result types
+
+
+@dataclass(frozen=True)
+class OnnxLinear:
+    """Nodes and initializers computing `output = input @ W^T` for one linear layer."""
+
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+
+
+@dataclass(frozen=True, eq=False)
+class NBitsWeight:
+    """A block-quantized weight W [n, k]: W[r, j] = (code - zero_point) * scale + bias, per block along k.
+
+    `packed` is exactly MatMulNBits' B: codes packed low-bits-first along k, [n, k / block_size, blob].
+    `zero_points` None means the MatMulNBits default 2^(bits - 1). In blocks whose scale is 0 the codes
+    are normalized to zero_point + 1 (their value, the bias, does not depend on them), so that the float
+    zero point form can express the block exactly as (code - zp) * bias.
+    """
+
+    ggml_type: str  # source GGUF type, for messages
+    bits: int  # 4 or 8
+    block_size: int  # 16 or 32
+    k: int
+    n: int
+    packed: np.ndarray  # uint8 [n, k / block_size, block_size * bits / 8]
+    scales: np.ndarray  # float32 [n, k / block_size]
+    zero_points: np.ndarray | None  # uint8 [n, k / block_size]; None = 2^(bits - 1)
+    bias: np.ndarray | None  # float32 [n, k / block_size]; None = 0
+
+    @property
+    def k_blocks(self) -> int:
+        return self.k // self.block_size
+
+    def codes(self) -> np.ndarray:
+        """The unpacked codes, uint8 [n, k]."""
+        return _unpack(self.packed.reshape(self.n, -1), self.bits, self.k)
+
+    def integer_zero_points(self) -> np.ndarray:
+        """The zero points as uint8 [n, k_blocks], the default filled in."""
+        if self.zero_points is not None:
+            return self.zero_points
+        return np.full((self.n, self.k_blocks), 1 << (self.bits - 1), np.uint8)
+
+    def dequantize(self) -> np.ndarray:
+        """W as float32 [n, k], bit-identical to gguf-py's dequantization of the source blocks."""
+        q = self.codes().reshape(self.n, self.k_blocks, self.block_size).astype(np.int16)
+        q -= self.integer_zero_points()[..., None]
+        w = q.astype(_F32) * self.scales[..., None]
+        if self.bias is not None:
+            w += self.bias[..., None]
+        return w.reshape(self.n, self.k)
+
+    def float_zero_point_form(self) -> tuple[np.ndarray, np.ndarray]:
+        """(scales, float zero points) [n, k_blocks] with (code - zp) * scale == W up to float rounding.
+
+        zp = zero_point - bias / scale; a block with scale 0 has codes zero_point + 1 (see the class
+        docstring), so scale := bias, zp := zero_point gives it exactly.
+        """
+        zp = self.integer_zero_points().astype(_F32)
+        if self.bias is None:
+            return self.scales, zp
+        zero = self.scales == 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fzp = np.where(zero, zp, zp - self.bias / np.where(zero, _F32(1), self.scales)).astype(_F32)
+        return np.where(zero, self.bias, self.scales).astype(_F32), fzp
+
+    def matmul_nbits_attributes(self, accuracy_level: int = 0) -> dict[str, int]:
+        attrs = {"K": self.k, "N": self.n, "bits": self.bits, "block_size": self.block_size}
+        if accuracy_level:  # omitted when 0, as ORT's own quantizer does: not every consumer knows it
+            attrs["accuracy_level"] = accuracy_level
+        return attrs
+
+    def matmul_nbits_arrays(self, *, float_zero_points: bool) -> dict[str, np.ndarray]:
+        """MatMulNBits inputs 1.. by name: B, scales and, where needed, zero_points.
+
+        float_zero_points=False needs `bias` to be applied separately (the "nbits_split" lowering).
+        """
+        if float_zero_points and self.bias is not None:
+            scales, zp = self.float_zero_point_form()
+            return {"B": self.packed, "scales": scales, "zero_points": zp}
+        out = {"B": self.packed, "scales": self.scales}
+        if self.zero_points is not None:
+            # uint8 zero points are packed like B, each row padded to whole bytes.
+            out["zero_points"] = _pack(self.zero_points, self.bits)
+        return out
+
+    def to_onnx(
+        self,
+        x: str,
+        y: str,
+        prefix: str,
+        *,
+        lowering: Lowering = "nbits_split",
+        accuracy_level: int = 0,
+    ) -> OnnxLinear:
+        """Nodes computing y = x @ W^T for x float32 [..., k] (rank 2 or 3); initializer names start
+        with `prefix`. accuracy_level 4 lets ORT quantize x to int8 (fast, not exact; ORT's 8-bit
+        MatMulNBits is only fast with it)."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        nodes: list[onnx.NodeProto] = []
+        inits: list[onnx.TensorProto] = []
+        split = lowering != "nbits" and self.bias is not None
+        main = f"{prefix}.main" if split else y
+        if lowering in ("nbits", "nbits_split"):
+            arrays = self.matmul_nbits_arrays(float_zero_points=lowering == "nbits")
+            names = [x]
+            for key, arr in arrays.items():
+                names.append(f"{prefix}.{key}")
+                inits.append(numpy_helper.from_array(arr, names[-1]))
+            nodes.append(
+                helper.make_node(
+                    "MatMulNBits",
+                    names,
+                    [main],
+                    name=f"{prefix}.MatMulNBits",
+                    domain="com.microsoft",
+                    **self.matmul_nbits_attributes(accuracy_level),
+                )
+            )
+        elif lowering == "qdq":
+            # [k, n] layout with blocks along axis 0: the orientation MatMul wants and the one ORT's
+            # DQ -> MatMul fusion into MatMulNBits recognizes.
+            q = self.codes().T.astype(np.int16)  # [k, n]
+            zp = self.integer_zero_points().T  # [k_blocks, n]
+            dq_inputs = [f"{prefix}.q", f"{prefix}.scales"]
+            if self.zero_points is None:  # default zero point: store signed codes, DQ's zero point is 0
+                q -= 1 << (self.bits - 1)
+                qtype = TensorProto.INT4 if self.bits == 4 else TensorProto.INT8
+                zp_init = None
+            else:
+                qtype = TensorProto.UINT4 if self.bits == 4 else TensorProto.UINT8
+                zp_init = None if not zp.any() else _onnx_int_tensor(f"{prefix}.zero_points", zp, qtype)
+            inits.append(_onnx_int_tensor(dq_inputs[0], q, qtype))
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(self.scales.T), dq_inputs[1]))
+            if zp_init is not None:
+                dq_inputs.append(zp_init.name)
+                inits.append(zp_init)
+            nodes.append(
+                helper.make_node(
+                    "DequantizeLinear",
+                    dq_inputs,
+                    [f"{prefix}.w"],
+                    name=f"{prefix}.DequantizeLinear",
+                    axis=0,
+                    block_size=self.block_size,
+                )
+            )
+            nodes.append(helper.make_node("MatMul", [x, f"{prefix}.w"], [main], name=f"{prefix}.MatMul"))
+        else:
+            raise ValueError(f"unknown lowering {lowering!r}; expected nbits, nbits_split or qdq")
+        if split:
+            assert self.bias is not None
+            bias_term = _bias_term(x, main, y, prefix, self.bias, self.block_size)
+            nodes += bias_term.nodes
+            inits += bias_term.initializers
+        return OnnxLinear(nodes, inits)
+
+
+@dataclass(frozen=True, eq=False)
+class FloatWeight:
+    """A float weight in its storage precision: float32 (F32, BF16 widened exactly) or float16 (F16).
+
+    `array` has the numpy shape of the tensor (reversed GGUF shape): [n, k] for a linear weight. For F32
+    and F16 it is a read-only view of the file's memory map (no copy).
+    """
+
+    ggml_type: str
+    array: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        return self.array.astype(_F32)
+
+    def to_onnx(self, x: str, y: str, prefix: str, *, keep_f16: bool = True) -> OnnxLinear:
+        """y = x @ W^T for float32 x, W stored transposed ([k, n]) so a plain MatMul applies; a float16
+        weight stays float16 behind a Cast (OpenVINO keeps it compressed) unless keep_f16=False."""
+        from onnx import TensorProto, helper, numpy_helper
+
+        if self.array.ndim != 2:
+            raise ValueError(f"{prefix}: a linear weight must be 2-D, got shape {self.array.shape}")
+        w = self.array if keep_f16 else self.array.astype(_F32)
+        inits = [numpy_helper.from_array(np.ascontiguousarray(w.T), f"{prefix}.w_t")]
+        nodes = []
+        w_name = inits[0].name
+        if w.dtype == np.float16:
+            nodes.append(
+                helper.make_node(
+                    "Cast", [w_name], [f"{prefix}.w_f32"], name=f"{prefix}.Cast", to=TensorProto.FLOAT
+                )
+            )
+            w_name = f"{prefix}.w_f32"
+        nodes.append(helper.make_node("MatMul", [x, w_name], [y], name=f"{prefix}.MatMul"))
+        return OnnxLinear(nodes, inits)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public functions
+
+
+def import_linear(gguf: GGUFFile, name: str) -> NBitsWeight | FloatWeight:
+    """The linear weight `name` (GGUF shape (K, N)) from its raw blocks, without re-quantizing."""
+    info = gguf.tensors[name]
+    return linear_from_raw(gguf.tensor_bytes(name), info.shape, info.ggml_type, name=name)
+
+
+def linear_from_raw(
+    raw: np.ndarray, shape: Sequence[int], ggml_type: int, *, name: str = "<tensor>"
+) -> NBitsWeight | FloatWeight:
+    """Like `import_linear`, from raw bytes (uint8) and the GGUF shape (ne0 = K first)."""
+    qtype = _qtype(ggml_type, name)
+    if len(shape) != 2:
+        raise ModelFormatError(f"tensor {name!r}: a linear weight must be 2-D, got GGUF shape {tuple(shape)}")
+    k, n = int(shape[0]), int(shape[1])
+    rows = _as_rows(raw, n, k, qtype, name)
+    if qtype in _FLOAT_DECODERS:
+        return FloatWeight(qtype.name, _FLOAT_DECODERS[qtype](rows).reshape(n, k))
+    fmt = _FORMATS[qtype]
+    codes, scales, bias = _decode_rows(fmt, rows, qtype, k)
+    zp = None if fmt.zero_point == 1 << (fmt.bits - 1) else np.full(scales.shape, fmt.zero_point, np.uint8)
+    if bias is not None:
+        zero = scales == 0
+        if zero.any():  # see NBitsWeight: codes of a scale-0 block are free; make the float zp form exact
+            blocks = codes.reshape(n, k // fmt.block_size, fmt.block_size)
+            blocks[zero] = fmt.zero_point + 1
+    return NBitsWeight(
+        ggml_type=qtype.name,
+        bits=fmt.bits,
+        block_size=fmt.block_size,
+        k=k,
+        n=n,
+        packed=_pack(codes, fmt.bits).reshape(n, k // fmt.block_size, fmt.block_size * fmt.bits // 8),
+        scales=scales,
+        zero_points=zp,
+        bias=bias,
+    )
+
+
+def dequantize_rows(gguf: GGUFFile, name: str, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Rows `ids` of a 2-D tensor (e.g. token_embd: one row per token id) as float32 [len(ids), K],
+    decoded from only those rows' blocks; equal to the same rows of gguf-py's whole-tensor dequantize."""
+    info = gguf.tensors[name]
+    return dequantize_raw(gguf.tensor_bytes(name), info.shape, info.ggml_type, ids=ids, name=name)
+
+
+def dequantize_tensor(gguf: GGUFFile, name: str, *, chunk_rows: int = 8192) -> np.ndarray:
+    """The whole tensor as float32, numpy shape = reversed GGUF shape (decoded in row chunks, so the
+    temporaries stay small even for a 262k-row embedding table)."""
+    info = gguf.tensors[name]
+    return dequantize_raw(
+        gguf.tensor_bytes(name), info.shape, info.ggml_type, name=name, chunk_rows=chunk_rows
+    )
+
+
+def dequantize_raw(
+    raw: np.ndarray,
+    shape: Sequence[int],
+    ggml_type: int,
+    *,
+    ids: Sequence[int] | np.ndarray | None = None,
+    name: str = "<tensor>",
+    chunk_rows: int = 8192,
+) -> np.ndarray:
+    """`dequantize_rows` / `dequantize_tensor` on raw bytes and a GGUF shape (any rank; rows = ne0)."""
+    qtype = _qtype(ggml_type, name)
+    if not shape:
+        raise ModelFormatError(f"tensor {name!r} has no dimensions")
+    k = int(shape[0])
+    n_rows = int(np.prod(shape[1:], dtype=np.int64))
+    rows = _as_rows(raw, n_rows, k, qtype, name)
+    if ids is not None:
+        idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= n_rows):
+            bad = idx[(idx < 0) | (idx >= n_rows)][0]
+            raise IndexError(f"tensor {name!r}: row {int(bad)} out of range [0, {n_rows})")
+        return _dequantize_rows(rows[idx], qtype, k)
+    out = np.empty((n_rows, k), _F32)
+    for start in range(0, n_rows, max(1, chunk_rows)):
+        stop = min(n_rows, start + max(1, chunk_rows))
+        out[start:stop] = _dequantize_rows(rows[start:stop], qtype, k)
+    return out.reshape(tuple(reversed([int(d) for d in shape])))
+
+
+def supported_types() -> list[str]:
+    return [t.name for t in (*FLOAT_TYPES, *NBITS_TYPES)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Block formats. Each decoder takes blocks uint8 [n_blocks, type_size] and returns codes uint8
+# [n_blocks, block elements], scales float32 [n_blocks, sub-blocks], bias float32 or None, mirroring the
+# element order and float32 arithmetic of gguf.quants (the reference) exactly.
+
+
+@dataclass(frozen=True)
+class _Format:
+    bits: int
+    block_size: int  # elements per scale (the ONNX block), not the GGUF super-block
+    zero_point: int
+    decode_blocks: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+
+
+def _f16(b: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte `at` of each block, as float32 [n_blocks, 1]."""
+    return np.ascontiguousarray(b[:, at : at + 2]).view(np.float16).astype(_F32)
+
+
+def _nibbles_split(qs: np.ndarray) -> np.ndarray:
+    """Q4_0/Q4_1/Q5_x order: low nibbles are elements 0..15, high nibbles 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _qh_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1: bit j of the little-endian u32 is the 5th bit of element j; [n, 32] of 0/1."""
+    return np.unpackbits(qh, axis=1, bitorder="little")
+
+
+def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: eight 6-bit (scale, min) pairs packed in 12 bytes (gguf Q4_K.get_scale_min)."""
+    s = s.reshape(-1, 3, 4)
+    d, m, m_d = s[:, 0], s[:, 1], s[:, 2]
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _q4_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    return _nibbles_split(b[:, 2:18]), _f16(b, 0), None
+
+
+def _q4_1(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    return _nibbles_split(b[:, 4:20]), _f16(b, 0), _f16(b, 2)
+
+
+def _q5_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    q = _nibbles_split(b[:, 6:22]) | (_qh_bits(b[:, 2:6]) << 4)
+    return q + np.uint8(112), _f16(b, 0), None  # q - 16 == (q + 112) - 128
+
+
+def _q5_1(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    q = _nibbles_split(b[:, 8:24]) | (_qh_bits(b[:, 4:8]) << 4)
+    return q + np.uint8(128), _f16(b, 0), _f16(b, 2)
+
+
+def _q8_0(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    return b[:, 2:34] ^ np.uint8(0x80), _f16(b, 0), None  # int8 x == (x ^ 0x80 as uint8) - 128
+
+
+def _q2_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    n = b.shape[0]
+    sc, qs = b[:, 0:16], b[:, 16:80]
+    d, dmin = _f16(b, 80), _f16(b, 82)
+    q = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    scales = d * (sc & 0x0F).astype(_F32)
+    bias = -(dmin * (sc >> 4).astype(_F32))
+    return q.reshape(n, 256) + np.uint8(8), scales, bias
+
+
+def _q3_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    n = b.shape[0]
+    hmask, qs, s = b[:, 0:32], b[:, 32:96], b[:, 96:108]
+    d = _f16(b, 108)
+    low = (s[:, :8].reshape(n, 1, 8) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)).reshape(n, 16)
+    high = (s[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 4, 1)).reshape(n, 16)
+    sc = (low & 0x0F) | ((high & 0x03) << 4)
+    scales = d * (sc.astype(np.int8) - np.int8(32)).astype(_F32)
+    ql = (qs.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    qh = (hmask.reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    # value = ql - 4 * (1 - hbit) = (ql | hbit << 2) - 4 = (that + 4) - 8
+    return (ql.reshape(n, 256) | (qh.reshape(n, 256) << 2)) + np.uint8(4), scales, None
+
+
+def _q4_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    n = b.shape[0]
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scale_min(b[:, 4:16])
+    q = b[:, 16:144].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(0x0F)).reshape(n, 256), d * sc.astype(_F32), -(dmin * mn.astype(_F32))
+
+
+def _q5_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    n = b.shape[0]
+    d, dmin = _f16(b, 0), _f16(b, 2)
+    sc, mn = _k_scale_min(b[:, 4:16])
+    ql = (b[:, 48:176].reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    qh = (b[:, 16:48].reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 0x01
+    q = ql.reshape(n, 256) | (qh.reshape(n, 256) << 4)
+    return q + np.uint8(128), d * sc.astype(_F32), -(dmin * mn.astype(_F32))
+
+
+def _q6_k(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    n = b.shape[0]
+    ql = (b[:, 0:128].reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    qh = (b[:, 128:192].reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    q = ql.reshape(n, 256) | (qh.reshape(n, 256) << 4)
+    scales = _f16(b, 208) * b[:, 192:208].view(np.int8).astype(_F32)
+    return q + np.uint8(96), scales, None  # q - 32 == (q + 96) - 128
+
+
+_FORMATS: dict[GGMLQuantizationType, _Format] = {
+    _T.Q4_0: _Format(4, 32, 8, _q4_0),
+    _T.Q4_1: _Format(4, 32, 0, _q4_1),
+    _T.Q4_K: _Format(4, 32, 0, _q4_k),
+    _T.Q3_K: _Format(4, 16, 8, _q3_k),
+    _T.Q2_K: _Format(4, 16, 8, _q2_k),
+    _T.Q5_0: _Format(8, 32, 128, _q5_0),
+    _T.Q5_1: _Format(8, 32, 128, _q5_1),
+    _T.Q5_K: _Format(8, 32, 128, _q5_k),
+    _T.Q6_K: _Format(8, 16, 128, _q6_k),
+    _T.Q8_0: _Format(8, 32, 128, _q8_0),
+}
+
+
+def _bf16(rows: np.ndarray) -> np.ndarray:
+    return (np.ascontiguousarray(rows).view(np.uint16).astype(np.uint32) << 16).view(_F32)
+
+
+_FLOAT_DECODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
+    _T.F32: lambda rows: np.ascontiguousarray(rows).view(_F32),
+    _T.F16: lambda rows: np.ascontiguousarray(rows).view(np.float16),
+    _T.BF16: _bf16,
+}
+
+FLOAT_TYPES: tuple[GGMLQuantizationType, ...] = tuple(_FLOAT_DECODERS)
+NBITS_TYPES: tuple[GGMLQuantizationType, ...] = tuple(_FORMATS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _qtype(ggml_type: int, name: str) -> GGMLQuantizationType:
+    try:
+        qtype = GGMLQuantizationType(ggml_type)
+    except ValueError:
+        qtype = None
+    if qtype is None or (qtype not in _FORMATS and qtype not in _FLOAT_DECODERS):
+        type_name = qtype.name if qtype is not None else f"unknown type {ggml_type}"
+        raise ModelFormatError(
+            f"tensor {name!r} has GGUF type {type_name}, which edge cannot import into an ONNX graph",
+            hint=f"supported: {', '.join(supported_types())}; re-quantize the model to one of them",
+        )
+    return qtype
+
+
+def _as_rows(raw: np.ndarray, n_rows: int, k: int, qtype: GGMLQuantizationType, name: str) -> np.ndarray:
+    """raw bytes -> uint8 [n_rows, row_bytes], checking K against the block size and the byte count."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if k <= 0 or k % block:
+        raise ModelFormatError(
+            f"tensor {name!r}: ne0 = {k} is not a positive multiple of {qtype.name}'s {block}"
+        )
+    row_bytes = k // block * type_size
+    flat = np.asarray(raw).view(np.uint8).reshape(-1)
+    if flat.size != n_rows * row_bytes:
+        raise ModelFormatError(
+            f"tensor {name!r}: {flat.size} bytes, but {n_rows} rows of {k} {qtype.name} values take "
+            f"{n_rows * row_bytes}"
+        )
+    return flat.reshape(n_rows, row_bytes)
+
+
+def _dequantize_rows(rows: np.ndarray, qtype: GGMLQuantizationType, k: int) -> np.ndarray:
+    if qtype in _FLOAT_DECODERS:
+        return _FLOAT_DECODERS[qtype](rows).reshape(rows.shape[0], k).astype(_F32)
+    fmt = _FORMATS[qtype]
+    codes, scales, bias = _decode_rows(fmt, rows, qtype, k)
+    r = rows.shape[0]
+    q = codes.reshape(r, k // fmt.block_size, fmt.block_size).astype(np.int16) - np.int16(fmt.zero_point)
+    w = q.astype(_F32) * scales[..., None]
+    if bias is not None:
+        w += bias[..., None]
+    return w.reshape(r, k)
+
+
+def _decode_rows(
+    fmt: _Format, rows: np.ndarray, qtype: GGMLQuantizationType, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """rows uint8 [r, row bytes] -> codes uint8 [r, k], scales and bias (or None) float32 [r, k / block]."""
+    r, nb = rows.shape[0], k // fmt.block_size
+    type_size = GGML_QUANT_SIZES[qtype][1]
+    codes, scales, bias = fmt.decode_blocks(np.ascontiguousarray(rows).reshape(-1, type_size))
+    return codes.reshape(r, k), scales.reshape(r, nb), None if bias is None else bias.reshape(r, nb)
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 [r, c] codes -> bytes packed low-bits-first along the last axis, each row padded to bytes
+    (MatMulNBits' B and packed uint8 zero points)."""
+    if bits == 8:
+        return np.ascontiguousarray(codes, dtype=np.uint8)
+    per = 8 // bits
+    r, c = codes.shape
+    pad = (-c) % per
+    if pad:
+        codes = np.concatenate([codes, np.zeros((r, pad), np.uint8)], axis=1)
+    g = codes.reshape(r, (c + pad) // per, per).astype(np.uint8)
+    out = np.zeros(g.shape[:2], np.uint8)
+    for i in range(per):
+        out |= g[..., i] << np.uint8(bits * i)
+    return out
+
+
+def _unpack(packed: np.ndarray, bits: int, c: int) -> np.ndarray:
+    if bits == 8:
+        return packed[:, :c]
+    per = 8 // bits
+    shifts = (np.arange(per, dtype=np.uint8) * bits).reshape(1, 1, per)
+    q = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+    return q.reshape(packed.shape[0], packed.shape[1] * per)[:, :c]
+
+
+def _onnx_int_tensor(name: str, values: np.ndarray, qtype: int) -> onnx.TensorProto:
+    """An integer initializer; 4-bit types are packed two per byte over the flattened tensor, low first."""
+    from onnx import TensorProto, helper
+
+    flat = values.reshape(-1)
+    if qtype in (TensorProto.INT4, TensorProto.UINT4):
+        raw = _pack((flat.astype(np.int16) & 0x0F).astype(np.uint8).reshape(1, -1), 4).tobytes()
+    else:
+        raw = flat.astype(np.int8 if qtype == TensorProto.INT8 else np.uint8).tobytes()
+    return helper.make_tensor(name, qtype, list(values.shape), raw, raw=True)
+
+
+def _bias_term(x: str, main: str, y: str, prefix: str, bias: np.ndarray, block_size: int) -> OnnxLinear:
+    """y = main + blocksum(x) @ bias^T: each block's bias times the sum of x over that block's inputs.
+    Rank-agnostic: x is viewed as [-1, k_blocks, block_size] and the result reshaped to main's shape."""
+    from onnx import helper, numpy_helper
+
+    p = prefix
+    k_blocks = bias.shape[1]
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(bias.T), f"{p}.bias_t"),
+        numpy_helper.from_array(np.array([-1, k_blocks, block_size], np.int64), f"{p}.block_shape"),
+        numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last_axis"),
+    ]
+    nodes = [
+        helper.make_node("Reshape", [x, f"{p}.block_shape"], [f"{p}.x_blocks"], name=f"{p}.ReshapeX"),
+        helper.make_node(
+            "ReduceSum",
+            [f"{p}.x_blocks", f"{p}.last_axis"],
+            [f"{p}.x_sums"],
+            keepdims=0,
+            name=f"{p}.BlockSum",
+        ),
+        helper.make_node(
+            "MatMul", [f"{p}.x_sums", f"{p}.bias_t"], [f"{p}.bias_flat"], name=f"{p}.BiasMatMul"
+        ),
+        helper.make_node("Shape", [main], [f"{p}.y_shape"], name=f"{p}.Shape"),
+        helper.make_node(
+            "Reshape", [f"{p}.bias_flat", f"{p}.y_shape"], [f"{p}.bias_y"], name=f"{p}.ReshapeY"
+        ),
+        helper.make_node("Add", [main, f"{p}.bias_y"], [y], name=f"{p}.AddBias"),
+    ]
+    return OnnxLinear(nodes, inits)
