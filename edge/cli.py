@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from edge import __version__
 from edge.errors import EdgeError
@@ -139,10 +140,9 @@ def _stdout_writer() -> Callable[[str], None]:
 
 # -- edge tokenize ---------------------------------------------------------------------------------
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from models.tokenizer import load_tokenizer
-
     from models.gguf_file import open_gguf
     from models.store import resolve_model
+    from models.tokenizer import load_tokenizer
 
     path = resolve_model(args.model)
     tok = load_tokenizer(open_gguf(path).metadata)
@@ -259,6 +259,93 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- edge bench / eval ----------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from edge.bench import BenchConfig, run_bench, total_steps
+    from edge.bench_report import bench_table, write_plot
+
+    cfg = BenchConfig(
+        backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
+        against=args.against,
+        device=args.device,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        repeat=args.repeat,
+        threads=args.threads,
+    )
+    err = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
+    with Progress(
+        *columns,
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        refresh_per_second=2,  # a quiet redraw thread: it shares the cores being measured
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("bench", total=total_steps(cfg))
+
+        def step(what: str, done: int) -> None:
+            bar.update(task, description=what, completed=done)
+
+        report = run_bench(args.model, cfg, on_step=step).to_dict()
+    (err if args.json == "-" else Console()).print(bench_table(report))
+    if args.plot:
+        write_plot(report, args.plot)
+        err.print(f"plot written to {args.plot}")
+    if args.json == "-":
+        print(json.dumps(report))
+    elif args.json:
+        _write_json(args.json, report)
+        err.print(f"JSON written to {args.json}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from edge.evaluate import EvalConfig, evaluate
+
+    cfg = EvalConfig(
+        backend=args.backend,
+        reference=args.reference,
+        device=args.device,
+        tokens=args.tokens,
+        text=args.text,
+        threads=args.threads,
+    )
+    err = Console(stderr=True)
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("teacher-forcing", total=cfg.tokens)
+        result = evaluate(args.model, cfg, lambda done, _total: bar.update(task, completed=done))
+    out = result.to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    m = result.metrics
+    print(
+        f"{out['model']}: {cfg.backend} vs {cfg.reference} over {m.tokens} tokens of {out['text']}\n"
+        f"  perplexity    {m.ppl:.4f} (reference {m.ppl_ref:.4f})\n"
+        f"  KL(ref||test) mean {m.kl_mean:.3g} nats, p99 {m.kl_p99:.3g}\n"
+        f"  top-1 agree   {100 * m.top1_agree:.2f}%\n"
+        f"  RMS dp        {m.rms_dp:.3g} (change of the correct token's probability)"
+    )
+    return 0
+
+
+def _write_json(path: str, obj: object) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=2)
+            fh.write("\n")
+    except OSError as exc:
+        raise EdgeError(f"cannot write {path}: {exc}") from None
+
+
 # -- parser ----------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -312,6 +399,32 @@ def build_parser() -> argparse.ArgumentParser:
     pul.add_argument("name")
     pul.add_argument("--force", action="store_true", help="fetch again even if present")
     pul.set_defaults(func=cmd_pull)
+
+    ben = sub.add_parser("bench", help="speed and memory of backends on a model, side by side")
+    ben.add_argument("model", help="catalog name or .gguf path")
+    ben.add_argument("--backends", default="llamacpp", help="comma-separated (default llamacpp)")
+    ben.add_argument("--against", default="llamacpp", help="backend the ratios are relative to")
+    ben.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
+    ben.add_argument("--prompt-tokens", type=int, default=128)
+    ben.add_argument("--gen-tokens", type=int, default=128)
+    ben.add_argument("--repeat", type=int, default=5, help="rounds, backends interleaved (default 5)")
+    ben.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    ben.add_argument(
+        "--json", metavar="FILE", default=None, help="write one JSON object to FILE ('-': stdout)"
+    )
+    ben.add_argument("--plot", metavar="FILE", default=None, help="write a PNG bar chart to FILE")
+    ben.set_defaults(func=cmd_bench)
+
+    ev = sub.add_parser("eval", help="perplexity and KL of a backend against a reference backend")
+    ev.add_argument("model", help="catalog name or .gguf path")
+    ev.add_argument("--backend", default="llamacpp")
+    ev.add_argument("--reference", default="llamacpp")
+    ev.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
+    ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")
+    ev.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
+    ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.set_defaults(func=cmd_eval)
     return parser
 
 
