@@ -1,0 +1,420 @@
+"""Fixed-capacity ring-buffer KV cache for static-shape decoder graphs.
+
+Per layer one K and one V buffer [1, n_kv_heads, capacity, head_dim], allocated once and only ever written in
+place, so a graph runtime can bind them zero-copy. A step is `begin(q)` -> run the graph on (past buffers,
+masks, positions) -> `commit(new_k, new_v)` with the q new tokens' K/V the graph returned. K arrives already
+rotated (RoPE at the absolute position), so slot order does not matter; the cache tracks each slot's position.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from edge.errors import ContextOverflowError
+
+from .spec import POLICIES, LayerKind, LayerSpec, OverflowPolicy
+
+NEG_INF = np.float32(-np.inf)
+
+
+class RollbackError(ValueError):
+    """Rolling back more tokens than the cache holds or than its undo log keeps."""
+
+
+@dataclass(frozen=True, eq=False)
+class StepView:
+    """What the graph needs for one step of q tokens (q = the graph's static width).
+
+    Columns [0, n_tokens) are real tokens; the rest is padding the graph computes but `commit` does not store."""
+
+    positions: np.ndarray  # [q] int64 absolute positions (for RoPE); padding continues the count
+    masks: tuple[np.ndarray, ...]  # per kind [1, 1, q, capacity + q] float32: 0 visible, -inf hidden
+    layer_kind: tuple[int, ...]  # layer -> index into masks
+    n_tokens: int  # tokens commit() will store
+    n_requested: int  # tokens asked for; more than n_tokens when policy 'truncate' dropped some
+
+    @property
+    def q_len(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def dropped(self) -> int:
+        return self.n_requested - self.n_tokens
+
+    def mask(self, layer: int) -> np.ndarray:
+        return self.masks[self.layer_kind[layer]]
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Layers of one kind and one [kvh, hd] stored as one array [n, 1, kvh, capacity, hd] per K and V, so a
+    step moves all of them in one numpy call; each layer's buffer is a contiguous view into it."""
+
+    kind: int
+    layers: tuple[int, ...]
+    k: np.ndarray
+    v: np.ndarray
+
+
+@dataclass
+class _Undo:
+    """What one commit overwrote, for its last n tokens: per kind the slots and their old positions, per group
+    the old K/V [n_layers, kvh, n, hd]. Slots within one commit are distinct, so any suffix restores alone."""
+
+    slots: list[np.ndarray]
+    old_pos: list[np.ndarray]
+    old_k: list[np.ndarray]
+    old_v: list[np.ndarray]
+
+    @property
+    def n(self) -> int:
+        return int(self.slots[0].shape[0])
+
+    def sliced(self, sl: slice) -> _Undo:
+        return _Undo(
+            [s[sl] for s in self.slots],
+            [p[sl] for p in self.old_pos],
+            [k[:, :, sl] for k in self.old_k],
+            [v[:, :, sl] for v in self.old_v],
+        )
+
+
+def _index(slots: np.ndarray) -> slice | np.ndarray:
+    """A slice when the slots are consecutive (no wrap inside the step), else the index array.
+
+    Slots of consecutive positions rise by one except for at most one drop at the wrap (a step is no longer
+    than the ring), so comparing the ends is enough."""
+    n = int(slots.shape[0])
+    if n and int(slots[-1]) - int(slots[0]) == n - 1:
+        return slice(int(slots[0]), int(slots[0]) + n)
+    return slots
+
+
+class RingKVCache:
+    """Ring-buffer KV cache: fixed capacity per layer, attention sinks, sliding windows, rollback after a wrap.
+
+    `sink` pinned slots apply to global layers; windowed layers take none (a window never reaches them).
+    Overflow (`policy`), judged by `room()`: the tokens that can still come in before a commit would evict one a
+    later query could attend to (None: never, every layer is a window its ring covers):
+      ring      evict the oldest non-sink tokens (StreamingLLM); never refuses a step.
+      error     begin() raises ContextOverflowError, state unchanged.
+      truncate  never evict: begin() admits only room() tokens (view.n_tokens, 0 when full), the rest of the
+                step is padding; the caller ends generation (view.dropped > 0) or left-truncates its prompt up
+                front with fits()/room().
+    The undo log keeps what the last `max_rollback` tokens overwrote (slot, K, V, position), so rollback(k)
+    restores the exact previous state even after the ring wrapped.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[LayerSpec],
+        *,
+        sink: int = 4,
+        policy: OverflowPolicy = "ring",
+        max_rollback: int = 16,
+        dtype: DTypeLike = np.float32,
+    ) -> None:
+        if not layers:
+            raise ValueError("RingKVCache needs at least one layer")
+        if sink < 0:
+            raise ValueError(f"sink must be >= 0, got {sink}")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown overflow policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        if max_rollback < 0:
+            raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
+        self._dtype = np.dtype(dtype)
+        if self._dtype.kind != "f":
+            raise ValueError(f"KV dtype must be a float type, got {self._dtype}")
+        self._specs = tuple(layers)
+        self._sink = sink
+        self._policy: OverflowPolicy = policy
+        self._max_rollback = max_rollback
+
+        index: dict[LayerKind, int] = {}
+        layer_kind = []
+        for i, spec in enumerate(self._specs):
+            kind = LayerKind(spec.capacity, spec.window, 0 if spec.window is not None else sink)
+            if kind.ring < 1:
+                raise ValueError(f"layer {i}: capacity {spec.capacity} must exceed sink {sink}")
+            layer_kind.append(index.setdefault(kind, len(index)))
+        self._kinds = tuple(index)
+        self._layer_kind = tuple(layer_kind)
+        bounded = [k.capacity for k in self._kinds if not k.lossless]
+        self._limit: int | None = min(bounded) if bounded else None
+
+        members: dict[tuple[int, int, int], list[int]] = {}
+        for i, spec in enumerate(self._specs):
+            members.setdefault((self._layer_kind[i], spec.n_kv_heads, spec.head_dim), []).append(i)
+        self._groups: list[_Group] = []
+        k_views: list[np.ndarray] = [np.empty(0)] * len(self._specs)
+        v_views = list(k_views)
+        for (ki, kvh, hd), idx in members.items():
+            shape = (len(idx), 1, kvh, self._kinds[ki].capacity, hd)
+            group = _Group(ki, tuple(idx), np.zeros(shape, self._dtype), np.zeros(shape, self._dtype))
+            self._groups.append(group)
+            for j, layer in enumerate(idx):
+                k_views[layer], v_views[layer] = group.k[j], group.v[j]
+        self._k, self._v = tuple(k_views), tuple(v_views)
+        self._slot_pos = tuple(np.full(k.capacity, -1, np.int64) for k in self._kinds)
+        self._position = 0
+        self._undo: deque[_Undo] = deque()
+        self._undo_tokens = 0
+        self._pending: StepView | None = None
+
+    # --- geometry and state -------------------------------------------------------------------------------
+
+    @property
+    def layers(self) -> tuple[LayerSpec, ...]:
+        return self._specs
+
+    @property
+    def kinds(self) -> tuple[LayerKind, ...]:
+        return self._kinds
+
+    @property
+    def layer_kind(self) -> tuple[int, ...]:
+        return self._layer_kind
+
+    @property
+    def keys(self) -> tuple[np.ndarray, ...]:
+        """Per layer the K buffer [1, kvh, capacity, hd]; bind it, never replace it."""
+        return self._k
+
+    @property
+    def values(self) -> tuple[np.ndarray, ...]:
+        return self._v
+
+    @property
+    def policy(self) -> OverflowPolicy:
+        return self._policy
+
+    @property
+    def sink(self) -> int:
+        return self._sink
+
+    @property
+    def max_rollback(self) -> int:
+        return self._max_rollback
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def position(self) -> int:
+        """Tokens committed so far (the next token's absolute position)."""
+        return self._position
+
+    @property
+    def capacity(self) -> int | None:
+        """Tokens the cache holds before an eviction could lose one (the context length); None: unbounded."""
+        return self._limit
+
+    @property
+    def fill(self) -> int:
+        """Occupied slots in the layers that bound the context (the smallest bounded kind, else the largest)."""
+        return int(np.count_nonzero(self._slot_pos[self._primary()] >= 0))
+
+    @property
+    def max_step(self) -> int:
+        """The most tokens one step may carry: a step must not overwrite its own slots."""
+        return min(k.ring for k in self._kinds)
+
+    @property
+    def rollback_limit(self) -> int:
+        """How many tokens rollback() can undo right now."""
+        return self._undo_tokens
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._k) + sum(b.nbytes for b in self._v)
+
+    def room(self) -> int | None:
+        """Tokens that can still come in without evicting one a later query could attend to; None: unbounded."""
+        return None if self._limit is None else max(0, self._limit - self._position)
+
+    def fits(self, n: int) -> bool:
+        """Whether n more tokens fit without such an eviction (ring would evict, error raise, truncate drop)."""
+        room = self.room()
+        return room is None or n <= room
+
+    def positions(self, layer: int = 0) -> np.ndarray:
+        """Absolute position held by each slot of a layer [capacity] int64, -1 for empty (a copy)."""
+        return self._slot_pos[self._layer_kind[layer]].copy()
+
+    def valid(self, layer: int = 0) -> np.ndarray:
+        """Occupied slots of a layer [capacity] bool."""
+        return self._slot_pos[self._layer_kind[layer]] >= 0
+
+    def slots(self, positions: np.ndarray | Sequence[int], layer: int = 0) -> np.ndarray:
+        """The slot each absolute position is written to in a layer."""
+        return self._slots(self._kinds[self._layer_kind[layer]], np.asarray(positions, np.int64))
+
+    # --- the step -----------------------------------------------------------------------------------------
+
+    def begin(self, q_len: int, n_tokens: int | None = None) -> StepView:
+        """Start a step of q_len tokens (the graph's static width), the first n_tokens of them real."""
+        self._pending = None
+        if not 1 <= q_len <= self.max_step:
+            raise ValueError(
+                f"a step of {q_len} tokens does not fit the ring: at most {self.max_step} per step "
+                f"(capacity - sink of the smallest layer); prefill in chunks of at most {self.max_step}"
+            )
+        n = q_len if n_tokens is None else n_tokens
+        if not 0 <= n <= q_len:
+            raise ValueError(f"n_tokens must be in [0, {q_len}], got {n_tokens}")
+        room = self.room()
+        if room is not None and n > room:
+            if self._policy == "error":
+                raise ContextOverflowError(
+                    f"context overflow: {n} new tokens at position {self._position} do not fit the KV cache "
+                    f"({self._limit} tokens, {room} left)",
+                    hint="shorten the prompt or the number of tokens to generate, raise the context size, "
+                    "or use the 'ring' or 'truncate' overflow policy",
+                )
+            if self._policy == "truncate":
+                n = room
+        positions = np.arange(self._position, self._position + q_len, dtype=np.int64)
+        masks = tuple(_mask(k, sp, positions) for k, sp in zip(self._kinds, self._slot_pos, strict=True))
+        self._pending = StepView(
+            positions, masks, self._layer_kind, n, q_len if n_tokens is None else n_tokens
+        )
+        return self._pending
+
+    def commit(self, new_k: Sequence[np.ndarray], new_v: Sequence[np.ndarray]) -> None:
+        """Store the step's new K/V (per layer [1, kvh, q, hd]) in their slots; padding columns are ignored."""
+        view = self._pending
+        if view is None:
+            raise RuntimeError("commit() without a pending begin()")
+        if len(new_k) != len(self._specs) or len(new_v) != len(self._specs):
+            raise ValueError(
+                f"expected K and V for {len(self._specs)} layers, got {len(new_k)} and {len(new_v)}"
+            )
+        for i, (spec, k, v) in enumerate(zip(self._specs, new_k, new_v, strict=True)):
+            want = (1, spec.n_kv_heads, view.q_len, spec.head_dim)
+            if k.shape != want or v.shape != want:
+                raise ValueError(f"layer {i}: new K/V shapes {k.shape}, {v.shape}; expected {want}")
+        self._pending = None
+        n = view.n_tokens
+        if n == 0:
+            return
+        pos = view.positions[:n]
+        t = min(n, self._max_rollback)  # only the tail can ever be rolled back
+        slots = [self._slots(kind, pos) for kind in self._kinds]
+        undo = _Undo([s[n - t :] for s in slots], [], [], [])
+        undo.old_pos = [sp[s] for sp, s in zip(self._slot_pos, undo.slots, strict=True)]
+        dsts, tails = [_index(s) for s in slots], [_index(s) for s in undo.slots]
+        for g in self._groups:
+            dst, tail = dsts[g.kind], tails[g.kind]
+            for big, new, old in ((g.k, new_k, undo.old_k), (g.v, new_v, undo.old_v)):
+                body = big[:, 0]  # [n_layers, kvh, capacity, hd]
+                if t:
+                    old.append(body[:, :, tail].copy())  # NOTE: copy; a slice index would give a view
+                if len(g.layers) == 1:
+                    body[0][:, dst] = new[g.layers[0]][0, :, :n]
+                else:
+                    body[:, :, dst] = np.stack([new[i][0, :, :n] for i in g.layers])
+        for sp, s in zip(self._slot_pos, slots, strict=True):
+            sp[s] = pos
+        self._position += n
+        if t:
+            self._undo.append(undo)
+            self._undo_tokens += t
+            self._trim_undo()
+
+    def rollback(self, k: int) -> None:
+        """Forget the last k committed tokens, restoring buffers and positions bit-exactly."""
+        if k < 0:
+            raise ValueError(f"cannot roll back a negative number of tokens ({k})")
+        if k > self._position:
+            raise RollbackError(f"cannot roll back {k} tokens: the cache has seen only {self._position}")
+        if k > self._undo_tokens:
+            raise RollbackError(
+                f"cannot roll back {k} tokens: the undo log holds the last {self._undo_tokens} "
+                f"(max_rollback={self._max_rollback}); reset() and prefill again, or raise max_rollback"
+            )
+        self._pending = None
+        left = k
+        while left:
+            undo = self._undo[-1]
+            j = min(left, undo.n)
+            part = undo.sliced(slice(undo.n - j, None))
+            for sp, s, old in zip(self._slot_pos, part.slots, part.old_pos, strict=True):
+                sp[s] = old
+            idxs = [_index(s) for s in part.slots]
+            for g, old_k, old_v in zip(self._groups, part.old_k, part.old_v, strict=True):
+                g.k[:, 0][:, :, idxs[g.kind]] = old_k
+                g.v[:, 0][:, :, idxs[g.kind]] = old_v
+            if j == undo.n:
+                self._undo.pop()
+            else:
+                self._undo[-1] = undo.sliced(slice(0, undo.n - j))
+            left -= j
+        self._position -= k
+        self._undo_tokens -= k
+
+    def reset(self) -> None:
+        """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""
+        for g in self._groups:
+            g.k.fill(0)
+            g.v.fill(0)
+        for sp in self._slot_pos:
+            sp.fill(-1)
+        self._position = 0
+        self._undo.clear()
+        self._undo_tokens = 0
+        self._pending = None
+
+    def __repr__(self) -> str:
+        kinds = "; ".join(f"{self._layer_kind.count(i)}x {k.describe()}" for i, k in enumerate(self._kinds))
+        return (
+            f"RingKVCache({len(self._specs)} layers [{kinds}], policy={self._policy!r}, position={self._position}, "
+            f"fill={self.fill}, capacity={self.capacity}, max_rollback={self._max_rollback}, "
+            f"dtype={self._dtype}, {self.nbytes / 2**20:.1f} MiB)"
+        )
+
+    # --- internals ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _slots(kind: LayerKind, pos: np.ndarray) -> np.ndarray:
+        return np.where(pos < kind.sink, pos, kind.sink + (pos - kind.sink) % kind.ring)
+
+    def _primary(self) -> int:
+        bounded = [i for i, k in enumerate(self._kinds) if not k.lossless]
+        if bounded:
+            return min(bounded, key=lambda i: self._kinds[i].capacity)
+        return max(range(len(self._kinds)), key=lambda i: self._kinds[i].capacity)
+
+    def _trim_undo(self) -> None:
+        excess = self._undo_tokens - self._max_rollback
+        while excess > 0:
+            first = self._undo[0]
+            if first.n <= excess:
+                self._undo.popleft()
+                excess -= first.n
+                self._undo_tokens -= first.n
+            else:
+                self._undo[0] = first.sliced(slice(excess, None))
+                self._undo_tokens -= excess
+                excess = 0
+
+
+def _mask(kind: LayerKind, slot_pos: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Additive mask [1, 1, q, capacity + q] over (past slots ++ the step's own tokens)."""
+    p = positions[:, None]  # [q, 1]
+    s = slot_pos[None, :]  # [1, capacity]
+    # NOTE: `s >= p - ring` hides the past slots that earlier tokens of this same step overwrite at commit, so
+    # a chunk sees exactly what one-token-at-a-time decoding would (sinks + the last `ring` tokens + itself).
+    past = (s >= 0) & ((s < kind.sink) | (s >= p - kind.ring))
+    d = p - positions[None, :]  # [q, q] distance to each of the step's tokens
+    new = d >= 0
+    if kind.window is not None:
+        past &= s > p - kind.window
+        new &= d < kind.window
+    visible = np.concatenate([past, new], axis=1)
+    return np.where(visible, np.float32(0), NEG_INF).astype(np.float32, copy=False)[None, None]

@@ -1,0 +1,595 @@
+"""Ring-buffer KV cache: slots, masks, windows, in-place writes, rollback, overflow policies, attention."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from edge.errors import ContextOverflowError
+from kvcache import LayerKind, LayerSpec, RingKVCache, RollbackError, StepView
+
+# --- helpers ------------------------------------------------------------------------------------------------
+
+
+def pattern(mask: np.ndarray, capacity: int) -> list[str]:
+    """A mask [1, 1, q, capacity + q] as rows of 'x' (visible) / '.' (hidden), past | new."""
+    rows = []
+    for row in mask[0, 0]:
+        cells = "".join("x" if m == 0 else "." for m in row)
+        rows.append(f"{cells[:capacity]}|{cells[capacity:]}")
+    return rows
+
+
+def new_kv(cache: RingKVCache, q: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    ks = [rng.standard_normal((1, s.n_kv_heads, q, s.head_dim)).astype(np.float32) for s in cache.layers]
+    vs = [rng.standard_normal((1, s.n_kv_heads, q, s.head_dim)).astype(np.float32) for s in cache.layers]
+    return ks, vs
+
+
+def feed(cache: RingKVCache, n: int, chunk: int = 1, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    while n > 0:
+        q = min(chunk, n)
+        cache.begin(q)
+        cache.commit(*new_kv(cache, q, rng))
+        n -= q
+
+
+def step_with(cache: RingKVCache, ks: list[np.ndarray], vs: list[np.ndarray]) -> None:
+    cache.begin(ks[0].shape[2])
+    cache.commit(ks, vs)
+
+
+def snapshot(cache: RingKVCache) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    return (
+        [b.copy() for b in cache.keys],
+        [b.copy() for b in cache.values],
+        [cache.positions(i) for i in range(len(cache.layers))],
+    )
+
+
+def assert_same_state(a: RingKVCache, b: RingKVCache) -> None:
+    assert a.position == b.position
+    for x, y in zip(snapshot(a), snapshot(b), strict=True):
+        for u, v in zip(x, y, strict=True):
+            np.testing.assert_array_equal(u, v)
+
+
+def assert_snapshot(cache: RingKVCache, snap: tuple[list[np.ndarray], ...]) -> None:
+    for x, y in zip(snapshot(cache), snap, strict=True):
+        for u, v in zip(x, y, strict=True):
+            np.testing.assert_array_equal(u, v)
+
+
+G6 = LayerSpec(n_kv_heads=2, head_dim=4, capacity=6)
+
+# --- slots --------------------------------------------------------------------------------------------------
+
+
+def test_slot_assignment_with_sinks_before_and_after_wrap() -> None:
+    cache = RingKVCache([G6], sink=2)  # ring of 4 slots after 2 sinks
+    seen = {}
+    for n in range(1, 12):
+        feed(cache, 1, seed=n)
+        seen[n] = cache.positions().tolist()
+    assert seen[1] == [0, -1, -1, -1, -1, -1]
+    assert seen[6] == [0, 1, 2, 3, 4, 5]
+    assert seen[7] == [0, 1, 6, 3, 4, 5]
+    assert seen[8] == [0, 1, 6, 7, 4, 5]
+    assert seen[10] == [0, 1, 6, 7, 8, 9]
+    assert seen[11] == [0, 1, 10, 7, 8, 9]
+    assert cache.slots([0, 1, 2, 5, 6, 9, 10, 13]).tolist() == [0, 1, 2, 5, 2, 5, 2, 5]
+    assert (cache.position, cache.fill, cache.capacity) == (11, 6, 6)
+
+    chunked = RingKVCache([G6], sink=2)
+    feed(chunked, 9, chunk=3)  # the chunk 6, 7, 8 wraps
+    assert chunked.positions().tolist() == [0, 1, 6, 7, 8, 5]
+
+
+def test_no_sinks_and_windowed_layers_take_no_sinks() -> None:
+    cache = RingKVCache([G6, LayerSpec(2, 4, 4, window=4)], sink=2)
+    feed(cache, 7)
+    assert cache.positions(0).tolist() == [0, 1, 6, 3, 4, 5]
+    assert cache.positions(1).tolist() == [4, 5, 6, 3]  # plain ring: a window never reaches the sinks
+    assert cache.kinds == (LayerKind(6, None, 2), LayerKind(4, 4, 0))
+    plain = RingKVCache([G6], sink=0)
+    feed(plain, 7)
+    assert plain.positions().tolist() == [6, 1, 2, 3, 4, 5]
+
+
+# --- masks --------------------------------------------------------------------------------------------------
+
+
+def test_masks_exact_before_and_after_wrap() -> None:
+    cache = RingKVCache([G6], sink=2)
+    view = cache.begin(3)
+    assert view.positions.tolist() == [0, 1, 2]
+    assert view.positions.dtype == np.int64
+    assert view.mask(0).shape == (1, 1, 3, 9) and view.mask(0).dtype == np.float32
+    assert pattern(view.mask(0), 6) == ["......|x..", "......|xx.", "......|xxx"]
+    cache.commit(*new_kv(cache, 3, np.random.default_rng(0)))
+
+    assert pattern(cache.begin(2).mask(0), 6) == ["xxx...|x.", "xxx...|xx"]
+    feed(cache, 4)  # positions 0..6: slots [0, 1, 6, 3, 4, 5]
+    view = cache.begin(2)  # tokens 7, 8; token 7 overwrites slot 3 (position 3), so token 8 must not see it
+    assert view.positions.tolist() == [7, 8]
+    assert pattern(view.mask(0), 6) == ["xxxxxx|x.", "xxx.xx|xx"]
+    assert set(np.unique(view.mask(0)).tolist()) == {0.0, float("-inf")}
+
+
+def test_masks_windowed_layer() -> None:
+    cache = RingKVCache([LayerSpec(1, 2, 4, window=4)], sink=2)
+    feed(cache, 5)  # slots [4, 1, 2, 3]
+    view = cache.begin(2)  # tokens 5, 6 see positions > p - 4
+    assert pattern(view.mask(0), 4) == ["x.xx|x.", "x..x|xx"]
+
+    narrow = RingKVCache([LayerSpec(1, 2, 4, window=2)])
+    assert pattern(narrow.begin(3).mask(0), 4) == ["....|x..", "....|xx.", "....|.xx"]
+
+
+def test_mixed_layer_kinds_share_masks() -> None:
+    g, loc = LayerSpec(2, 4, 8), LayerSpec(2, 4, 4, window=3)
+    cache = RingKVCache([g, loc, loc, g], sink=1)
+    assert cache.kinds == (LayerKind(8, None, 1), LayerKind(4, 3, 0))
+    assert cache.layer_kind == (0, 1, 1, 0)
+    assert cache.capacity == 8  # the local ring covers its window: it never limits the context
+    assert cache.max_step == 4
+    feed(cache, 6)
+    view = cache.begin(2)
+    assert len(view.masks) == 2
+    assert view.mask(0).shape == (1, 1, 2, 10) and view.mask(1).shape == (1, 1, 2, 6)
+    assert view.mask(1) is view.mask(2) and view.mask(0) is view.mask(3)
+    assert cache.positions(1).tolist() == [4, 5, 2, 3]
+    assert pattern(view.mask(1), 4) == ["xx..|x.", ".x..|xx"]
+    assert pattern(view.mask(0), 8) == ["xxxxxx..|x.", "xxxxxx..|xx"]
+
+
+# --- in-place writes ----------------------------------------------------------------------------------------
+
+
+def test_commit_writes_only_the_new_slots() -> None:
+    cache = RingKVCache([G6, G6], sink=2)
+    rng = np.random.default_rng(1)
+    feed(cache, 7)
+    for q, n, want in ((3, 2, [3, 4]), (3, 3, [5, 2, 3])):  # padding column not written; then a wrap
+        before = snapshot(cache)
+        view = cache.begin(q, n_tokens=n)
+        ks, vs = new_kv(cache, q, rng)
+        cache.commit(ks, vs)
+        assert cache.slots(view.positions[:n]).tolist() == want
+        for layer in range(2):
+            for buf, old, new in ((cache.keys, before[0], ks), (cache.values, before[1], vs)):
+                changed = np.flatnonzero(np.any(buf[layer] != old[layer], axis=(0, 1, 3)))
+                assert sorted(changed.tolist()) == sorted(want)
+                np.testing.assert_array_equal(buf[layer][0][:, want, :], new[layer][0, :, :n, :])
+
+
+def test_buffers_are_never_reallocated() -> None:
+    cache = RingKVCache([G6, LayerSpec(1, 4, 3, window=3)], sink=2, dtype=np.float16)
+    ids = [(id(b), b.ctypes.data) for b in (*cache.keys, *cache.values)]
+    bound = [b[...] for b in (*cache.keys, *cache.values)]  # what a runtime holds after binding zero-copy
+    assert all(b.dtype == np.float16 and b.flags.c_contiguous for b in bound)
+    assert cache.keys[0].shape == (1, 2, 6, 4) and cache.keys[1].shape == (1, 1, 3, 4)
+    feed(cache, 13, chunk=1)
+    feed(cache, 6, chunk=2, seed=3)
+    cache.rollback(5)
+    cache.begin(2)  # abandoned step
+    cache.reset()
+    feed(cache, 9, chunk=3, seed=4)
+    assert [(id(b), b.ctypes.data) for b in (*cache.keys, *cache.values)] == ids
+    for view, buf in zip(bound, (*cache.keys, *cache.values), strict=True):
+        assert np.shares_memory(view, buf)
+        np.testing.assert_array_equal(view, buf)
+
+
+# --- rollback -----------------------------------------------------------------------------------------------
+
+
+def test_rollback_after_wrap_is_bit_exact() -> None:
+    layers = [G6, LayerSpec(2, 4, 3, window=3)]
+    cache = RingKVCache(layers, sink=2, max_rollback=8)
+    feed(cache, 9, seed=5)  # wrapped
+    before = snapshot(cache)
+    masks_before = cache.begin(2).masks
+    rng = np.random.default_rng(6)
+    for q in (3, 1, 2):  # wraps again, overwriting slots the rollback must restore
+        step_with(cache, *new_kv(cache, q, rng))
+    assert cache.positions(0).tolist() != before[2][0].tolist()
+    cache.rollback(6)
+    assert cache.position == 9
+    assert_snapshot(cache, before)
+    for a, b in zip(cache.begin(2).masks, masks_before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    fresh = RingKVCache(layers, sink=2, max_rollback=8)
+    feed(fresh, 9, seed=5)
+    assert_same_state(cache, fresh)
+
+
+def test_rollback_inside_a_chunk_equals_the_shorter_sequence() -> None:
+    layers = [LayerSpec(1, 2, 5)]
+    rng = np.random.default_rng(7)
+    ks, vs = new_kv(RingKVCache(layers), 7, rng)
+    cache = RingKVCache(layers, sink=1)
+    for lo, hi in ((0, 3), (3, 7)):  # the second chunk wraps
+        cache.begin(hi - lo)
+        cache.commit([k[:, :, lo:hi] for k in ks], [v[:, :, lo:hi] for v in vs])
+    cache.rollback(3)
+    shorter = RingKVCache(layers, sink=1)
+    for t in range(4):
+        step_with(shorter, [k[:, :, t : t + 1] for k in ks], [v[:, :, t : t + 1] for v in vs])
+    assert_same_state(cache, shorter)
+
+
+def test_speculative_reject_then_continue_equals_never_drafting() -> None:
+    layers = [LayerSpec(2, 4, 6)]
+    cache, plain = RingKVCache(layers, sink=2), RingKVCache(layers, sink=2)
+    feed(cache, 5, seed=1)
+    feed(plain, 5, seed=1)
+    feed(cache, 4, chunk=4, seed=2)  # draft wraps the ring, then is rejected
+    cache.rollback(4)
+    feed(cache, 3, seed=3)
+    feed(plain, 3, seed=3)
+    assert_same_state(cache, plain)
+
+
+def test_rollback_limits() -> None:
+    cache = RingKVCache([G6], sink=2, max_rollback=3)
+    feed(cache, 5)
+    assert cache.rollback_limit == 3
+    before = snapshot(cache)
+    with pytest.raises(RollbackError, match=r"roll back 4 tokens.*max_rollback=3"):
+        cache.rollback(4)
+    assert_snapshot(cache, before)
+    cache.rollback(2)
+    assert (cache.position, cache.rollback_limit) == (3, 1)
+    with pytest.raises(RollbackError):
+        cache.rollback(2)
+    cache.rollback(1)
+    cache.rollback(0)
+    with pytest.raises(RollbackError):
+        cache.rollback(1)
+    with pytest.raises(ValueError, match="negative"):
+        cache.rollback(-1)
+
+    feed(cache, 5, chunk=4)  # one commit larger than the log keeps only its tail
+    assert cache.rollback_limit == 3
+    cache.reset()
+    with pytest.raises(RollbackError, match="seen only 0"):
+        cache.rollback(1)
+    none = RingKVCache([G6], max_rollback=0)
+    feed(none, 2)
+    assert none.rollback_limit == 0
+    with pytest.raises(RollbackError):
+        none.rollback(1)
+
+
+def test_reset_equals_fresh() -> None:
+    cache = RingKVCache([G6], sink=2)
+    feed(cache, 9, chunk=2)
+    cache.reset()
+    assert (cache.position, cache.fill, cache.rollback_limit) == (0, 0, 0)
+    assert_same_state(cache, RingKVCache([G6], sink=2))
+
+
+# --- overflow policies and step limits ----------------------------------------------------------------------
+
+
+def test_policy_error() -> None:
+    cache = RingKVCache([LayerSpec(1, 2, 4), LayerSpec(1, 2, 2, window=3)], sink=1, policy="error")
+    feed(cache, 3)
+    assert (cache.capacity, cache.room(), cache.fits(1), cache.fits(2)) == (4, 1, True, False)
+    before = snapshot(cache)
+    with pytest.raises(ContextOverflowError, match=r"2 new tokens at position 3.*4 tokens, 1 left") as err:
+        cache.begin(2)
+    assert err.value.hint and "policy" in err.value.hint
+    assert cache.position == 3
+    assert_snapshot(cache, before)
+    view = cache.begin(2, n_tokens=1)  # padding does not count
+    cache.commit(*new_kv(cache, 2, np.random.default_rng(0)))
+    assert (view.n_tokens, cache.position, cache.room(), cache.fill) == (1, 4, 0, 4)
+    with pytest.raises(ContextOverflowError):
+        cache.begin(1)
+
+    windows_only = RingKVCache([LayerSpec(1, 2, 3, window=3)], policy="error")
+    feed(windows_only, 20)  # evicting outside the window loses nothing: never an error
+    assert (windows_only.capacity, windows_only.room(), windows_only.fits(10**9)) == (None, None, True)
+
+
+def test_policy_truncate_never_evicts() -> None:
+    cache = RingKVCache([LayerSpec(1, 2, 4)], sink=1, policy="truncate")
+    feed(cache, 3)
+    view = cache.begin(2)
+    assert (view.n_tokens, view.n_requested, view.dropped) == (1, 2, 1)
+    cache.commit(*new_kv(cache, 2, np.random.default_rng(0)))
+    assert cache.positions().tolist() == [0, 1, 2, 3]
+    assert (cache.position, cache.room(), cache.fits(1)) == (4, 0, False)
+    before = snapshot(cache)
+    view = cache.begin(1)
+    assert (view.n_tokens, view.dropped) == (0, 1)
+    cache.commit(*new_kv(cache, 1, np.random.default_rng(1)))
+    assert cache.position == 4
+    assert_snapshot(cache, before)
+    cache.rollback(2)
+    assert cache.positions().tolist() == [0, 1, -1, -1]
+
+
+def test_policy_ring_goes_on_forever() -> None:
+    cache = RingKVCache([LayerSpec(1, 2, 8)], sink=4)
+    feed(cache, 40, chunk=3)
+    assert (cache.position, cache.fill, cache.room(), cache.fits(1)) == (40, 8, 0, False)
+    assert sorted(cache.positions().tolist()) == [0, 1, 2, 3, 36, 37, 38, 39]
+
+
+def test_step_and_argument_errors() -> None:
+    cache = RingKVCache([G6], sink=2)
+    with pytest.raises(ValueError, match="at most 4 per step"):
+        cache.begin(5)
+    with pytest.raises(ValueError):
+        cache.begin(0)
+    with pytest.raises(ValueError, match="n_tokens"):
+        cache.begin(2, n_tokens=3)
+    with pytest.raises(RuntimeError, match="begin"):
+        cache.commit(*new_kv(cache, 1, np.random.default_rng(0)))
+    cache.begin(2)
+    with pytest.raises(ValueError, match="expected"):
+        cache.commit(*new_kv(cache, 1, np.random.default_rng(0)))
+    cache.commit(*new_kv(cache, 2, np.random.default_rng(0)))  # the step is still pending after a bad commit
+    assert cache.position == 2
+    with pytest.raises(ValueError, match="capacity 2 must exceed sink 2"):
+        RingKVCache([LayerSpec(1, 2, 2)], sink=2)
+    with pytest.raises(ValueError, match="policy"):
+        RingKVCache([G6], policy="drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        RingKVCache([G6], dtype=np.int8)
+    with pytest.raises(ValueError):
+        LayerSpec(0, 4, 6)
+    with pytest.raises(ValueError):
+        LayerSpec(1, 4, 6, window=0)
+
+
+def test_repr() -> None:
+    cache = RingKVCache([G6, LayerSpec(2, 4, 4, window=4)], sink=2)
+    feed(cache, 3)
+    text = repr(cache)
+    assert "2 layers" in text and "policy='ring'" in text and "position=3" in text and "window=4" in text
+
+
+# --- attention through the cache ----------------------------------------------------------------------------
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Reference attention: q [H, n, hd], k/v [kvh, m, hd] (GQA), additive mask [n, m] -> [H, n, hd]."""
+    rep = q.shape[0] // k.shape[0]
+    k, v = np.repeat(k, rep, axis=0).astype(np.float64), np.repeat(v, rep, axis=0).astype(np.float64)
+    s = q.astype(np.float64) @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + mask
+    w = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (w / w.sum(axis=-1, keepdims=True)) @ v
+
+
+def full_mask(n: int, visible: Callable[[int, int], bool]) -> np.ndarray:
+    return np.array([[0.0 if visible(i, j) else -np.inf for j in range(n)] for i in range(n)])
+
+
+def through_cache(cache: RingKVCache, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk: int) -> np.ndarray:
+    """Run one layer's attention for a whole sequence chunk by chunk through the cache (static chunk width)."""
+    n, outs = q.shape[1], []
+    for lo in range(0, n, chunk):
+        real = min(chunk, n - lo)
+        pad = ((0, 0), (0, chunk - real), (0, 0))
+        qc, kc, vc = (np.pad(x[:, lo : lo + real], pad) for x in (q, k, v))
+        view = cache.begin(chunk, n_tokens=real)
+        kk = np.concatenate([cache.keys[0][0], kc], axis=1)
+        vv = np.concatenate([cache.values[0][0], vc], axis=1)
+        outs.append(attend(qc, kk, vv, view.mask(0)[0, 0])[:, :real])
+        cache.commit([kc[None]], [vc[None]])
+    return np.concatenate(outs, axis=1)
+
+
+def qkv(n: int, heads: int = 4, kvh: int = 2, hd: int = 8, seed: int = 0) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(
+        rng.standard_normal(s).astype(np.float32) for s in ((heads, n, hd), (kvh, n, hd), (kvh, n, hd))
+    )
+
+
+def test_attention_before_wrap_equals_causal_attention() -> None:
+    q, k, v = qkv(10)
+    want = attend(q, k, v, full_mask(10, lambda i, j: j <= i))
+    for chunk in (1, 3, 4):
+        cache = RingKVCache([LayerSpec(2, 8, 16)], sink=2)
+        np.testing.assert_allclose(through_cache(cache, q, k, v, chunk), want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_with_window_equals_windowed_attention() -> None:
+    q, k, v = qkv(14, seed=1)
+    want = attend(q, k, v, full_mask(14, lambda i, j: i - 4 < j <= i))
+    for capacity, chunk in ((4, 1), (4, 3), (3, 3), (6, 5)):  # capacity window-1 suffices; the ring wraps
+        cache = RingKVCache([LayerSpec(2, 8, capacity, window=4)])
+        np.testing.assert_allclose(through_cache(cache, q, k, v, chunk), want, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_after_wrap_is_sinks_plus_recent_for_any_chunking() -> None:
+    q, k, v = qkv(15, seed=2)
+    sink, capacity = 2, 6  # every token sees the 2 sinks, the last 4 tokens before it, and itself
+    want = attend(q, k, v, full_mask(15, lambda i, j: j <= i and (j < sink or j >= i - (capacity - sink))))
+    for chunk in (1, 2, 4):
+        cache = RingKVCache([LayerSpec(2, 8, capacity)], sink=sink)
+        np.testing.assert_allclose(through_cache(cache, q, k, v, chunk), want, rtol=1e-5, atol=1e-6)
+
+
+# --- randomized: begin/commit/rollback/reset vs a list with the same eviction rule --------------------------
+
+CONFIGS = [
+    {"layers": (LayerSpec(1, 2, 6), LayerSpec(2, 3, 6)), "sink": 2, "policy": "ring", "max_rollback": 3},
+    {
+        "layers": (LayerSpec(2, 2, 5), LayerSpec(1, 3, 3, window=3), LayerSpec(2, 2, 5)),
+        "sink": 1,
+        "policy": "ring",
+        "max_rollback": 5,
+        "dtype": np.float16,
+    },
+    {
+        "layers": (LayerSpec(1, 2, 4, window=6),),
+        "sink": 0,
+        "policy": "ring",
+        "max_rollback": 4,
+    },  # lossy window
+    {
+        "layers": (LayerSpec(1, 2, 6), LayerSpec(1, 2, 3, window=4)),
+        "sink": 2,
+        "policy": "error",
+        "max_rollback": 4,
+    },
+    {
+        "layers": (LayerSpec(1, 2, 5), LayerSpec(1, 2, 2, window=3)),
+        "sink": 1,
+        "policy": "truncate",
+        "max_rollback": 2,
+    },
+    {"layers": (LayerSpec(1, 2, 3, window=2),), "sink": 0, "policy": "error", "max_rollback": 3},
+    {"layers": (LayerSpec(1, 2, 4, window=6),), "sink": 0, "policy": "truncate", "max_rollback": 6},
+]
+
+
+def ref_sink(spec: LayerSpec, sink: int) -> int:
+    return 0 if spec.window is not None else sink
+
+
+def ref_limit(cfg: dict) -> int | None:
+    """Tokens held before eviction could drop one a later query needs: global layers and windows wider than
+    their ring are bounded by their capacity."""
+    bounded = [
+        s.capacity
+        for s in cfg["layers"]
+        if s.window is None or s.capacity - ref_sink(s, cfg["sink"]) < s.window - 1
+    ]
+    return min(bounded) if bounded else None
+
+
+def ref_held(positions: list[int], spec: LayerSpec, sink: int) -> list[int]:
+    """Feed positions into a list one at a time; past `capacity`, drop the oldest non-sink one."""
+    s = ref_sink(spec, sink)
+    held: list[int] = []
+    for p in positions:
+        held.append(p)
+        if len(held) > spec.capacity:
+            held.remove(next(x for x in held if x >= s))
+    return held
+
+
+class CacheMachine(RuleBasedStateMachine):
+    @initialize(index=st.integers(0, len(CONFIGS) - 1))
+    def setup(self, index: int) -> None:
+        self.cfg = CONFIGS[index]
+        self.cache = RingKVCache(**self.cfg)
+        self.buffer_ids = [b.ctypes.data for b in (*self.cache.keys, *self.cache.values)]
+        self.history: list[
+            tuple[list[np.ndarray], list[np.ndarray]]
+        ] = []  # per token per layer K, V [kvh, hd]
+        self.undoable = 0
+        self.rng = np.random.default_rng(index)
+
+    def expected_mask(self, layer: int, view: StepView, slot_pos: np.ndarray) -> np.ndarray:
+        spec, start = self.cfg["layers"][layer], len(self.history)
+        rows = []
+        for i, p in enumerate(view.positions.tolist()):
+            # what one-at-a-time decoding would hold when token i comes: the past, then the step's earlier tokens
+            held = set(ref_held(list(range(start + i)), spec, self.cfg["sink"])) | {p}
+            if spec.window is not None:
+                held = {x for x in held if x > p - spec.window}
+            past = [s >= 0 and s in held for s in slot_pos.tolist()]
+            new = [j <= i and x in held for j, x in enumerate(view.positions.tolist())]
+            rows.append(past + new)
+        return np.where(np.array(rows), 0.0, -np.inf)[None, None]
+
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        q = data.draw(st.integers(1, self.cache.max_step), label="q")
+        n = data.draw(st.integers(0, q), label="n_tokens")
+        limit, start = ref_limit(self.cfg), len(self.history)
+        room = None if limit is None else max(0, limit - start)
+        if room is not None and n > room and self.cfg["policy"] == "error":
+            with pytest.raises(ContextOverflowError):
+                self.cache.begin(q, n)
+            return
+        accepted = n if room is None or n <= room or self.cfg["policy"] == "ring" else room
+        slot_pos = [self.cache.positions(i) for i in range(len(self.cfg["layers"]))]
+        view = self.cache.begin(q, n)
+        assert (view.n_tokens, view.positions.tolist()) == (accepted, list(range(start, start + q)))
+        for layer in range(len(self.cfg["layers"])):
+            np.testing.assert_array_equal(view.mask(layer), self.expected_mask(layer, view, slot_pos[layer]))
+        ks, vs = new_kv(self.cache, q, self.rng)
+        self.cache.commit(ks, vs)
+        for t in range(accepted):
+            self.history.append(([k[0, :, t] for k in ks], [v[0, :, t] for v in vs]))
+        self.undoable = min(self.undoable + accepted, self.cfg["max_rollback"])
+
+    @rule(data=st.data())
+    def abandon_step(self, data: st.DataObject) -> None:
+        q = data.draw(st.integers(1, self.cache.max_step), label="q")
+        try:
+            self.cache.begin(q, 0)
+        except ContextOverflowError:  # pragma: no cover - n_tokens=0 always fits
+            raise AssertionError("an empty step overflowed") from None
+
+    @rule(data=st.data())
+    def rollback(self, data: st.DataObject) -> None:
+        # mostly rollbacks within the log (speculative rejections), sometimes past it
+        within = st.integers(0, min(self.undoable + 1, len(self.history) + 1))
+        k = data.draw(st.one_of(within, within, st.integers(0, len(self.history) + 1)), label="k")
+        if k > self.undoable:
+            with pytest.raises(RollbackError):
+                self.cache.rollback(k)
+            return
+        if k and self.cache.fill < len(self.history):
+            event("rollback after a wrap")
+        self.cache.rollback(k)
+        del self.history[len(self.history) - k :]
+        self.undoable -= k
+
+    @rule(data=st.data())
+    def reset(self, data: st.DataObject) -> None:
+        if data.draw(st.integers(0, 3), label="rare") != 0:  # rarely, so sequences grow past a wrap
+            return
+        self.cache.reset()
+        self.history.clear()
+        self.undoable = 0
+
+    @invariant()
+    def matches_reference(self) -> None:
+        cache, sink = self.cache, self.cfg["sink"]
+        assert cache.position == len(self.history)
+        assert cache.rollback_limit == self.undoable
+        limit = ref_limit(self.cfg)
+        assert cache.room() == (None if limit is None else max(0, limit - len(self.history)))
+        assert [b.ctypes.data for b in (*cache.keys, *cache.values)] == self.buffer_ids
+        for layer, spec in enumerate(self.cfg["layers"]):
+            held = ref_held(list(range(len(self.history))), spec, sink)
+            pos = cache.positions(layer)
+            assert sorted(pos[pos >= 0].tolist()) == held
+            for slot, p in enumerate(pos.tolist()):
+                if p >= 0:
+                    ks, vs = self.history[p]
+                    np.testing.assert_array_equal(
+                        cache.keys[layer][0, :, slot], ks[layer].astype(cache.dtype)
+                    )
+                    np.testing.assert_array_equal(
+                        cache.values[layer][0, :, slot], vs[layer].astype(cache.dtype)
+                    )
+        # Bit-exact, empty slots included: a fresh cache fed the same tokens one by one.
+        fresh = RingKVCache(**self.cfg)
+        for ks, vs in self.history:
+            step_with(fresh, [k[None, :, None] for k in ks], [v[None, :, None] for v in vs])
+        assert_same_state(cache, fresh)
+
+
+CacheMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_cache_machine = CacheMachine.TestCase
