@@ -90,7 +90,7 @@ def test_run_json_greedy_equals_llama_cpp_python() -> None:
     assert out["n_prompt_tokens"] == len(ids)
     ref: list[int] = []
     for tok in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0):
-        if llm._model.token_is_eog(tok) or len(ref) == 48:
+        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok) or len(ref) == 48:
             break
         ref.append(tok)
     llm.close()
@@ -125,16 +125,29 @@ def test_default_model_and_stdin_prompt() -> None:
 
 @pytest.mark.slow
 def test_base_model_runs_as_completion_with_a_note() -> None:
-    proc = edge("run", "gemma3-270m", "The capital of France is", "--temperature", "0", "--max-tokens", "8")
+    import llama_cpp
+
+    prompt = "The capital of France is"
+    proc = edge("run", "gemma3-270m", prompt, "--temperature", "0", "--max-tokens", "8", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "no chat template" in proc.stderr and "plain completion" in proc.stderr
-    assert "Paris" in proc.stdout
+    out = json.loads(proc.stdout)
+    llm = llama_cpp.Llama(model_path=str(resolve_model("gemma3-270m")), n_ctx=256, n_threads=2, verbose=False)
+    ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)  # gemma adds BOS; no template applied
+    assert out["n_prompt_tokens"] == len(ids)
+    ref = []
+    for tok in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0):
+        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok) or len(ref) == 8:
+            break
+        ref.append(tok)
+    llm.close()
+    assert out["token_ids"] == ref and out["text"].strip()
 
 
 @pytest.mark.slow
 def test_prompt_longer_than_context() -> None:
-    proc = edge("run", "smollm2-135m", "word " * 400, "--ctx-size", "128")
-    assert_one_line_error(proc, "context holds 128", "--ctx-size")
+    proc = edge("run", "smollm2-135m", "word " * 400, "--ctx-size", "256")
+    assert_one_line_error(proc, "context holds 256", "--ctx-size")
 
 
 @pytest.mark.slow
