@@ -1,0 +1,182 @@
+"""`GraphDecoder`: edge's own ONNX decoder graph on ONNX Runtime or OpenVINO, with the ring-buffer KV cache.
+
+The graph is built from the GGUF once and cached on disk (keyed by the file and the build options); the
+backends cache their compiled form beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from devices.runners import RUNNERS, Runner, RunnerOptions
+from edge.errors import ContextOverflowError, DeviceError
+from kvcache import LayerSpec, RingKVCache
+from models.arch import ArchConfig
+from models.gguf_file import GGUFFile
+from models.store import cache_dir
+from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
+
+GRAPH_FORMAT = 1  # bump when the graph a builder emits changes, to invalidate cached graphs
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    backend: str = "ort"  # ort | openvino
+    device: str = "cpu"
+    capacity: int = 4096  # KV slots of global layers (sliding-window layers hold their window)
+    sink: int = 4  # attention-sink tokens kept when the ring wraps
+    policy: str = "ring"  # ring | error | truncate (see kvcache)
+    prefill_chunk: int = 256
+    max_rollback: int = 16
+    threads: int | None = None
+    exact: bool = True  # fp32 everywhere; False lets backends use bf16 / int8 activations
+    lowering: str = "nbits_split"
+    accuracy_level: int = 0
+
+
+def _graph_dir(gguf: GGUFFile, build: BuildOptions) -> Path:
+    st = gguf.path.stat()
+    key = json.dumps(
+        [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, asdict(build)], sort_keys=True
+    )
+    return cache_dir() / "graphs" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions) -> Path:
+    """Path of the cached ONNX graph for (file, options); built and written atomically when missing."""
+    import onnx
+
+    final = _graph_dir(gguf, build)
+    model_path = final / "model.onnx"
+    if model_path.is_file() and (final / "DONE").is_file():
+        return model_path
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
+    try:
+        model = build_decoder(gguf, cfg, build)
+        onnx.save_model(
+            model,
+            tmp / "model.onnx",
+            save_as_external_data=True,
+            location="model.onnx.data",
+            size_threshold=1024,
+        )
+        (tmp / "DONE").write_text(gguf.path.name)
+        if final.exists():  # an interrupted or stale build: replace it whole
+            shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return model_path
+
+
+class GraphDecoder:
+    """`Decoder` over edge's own graph. One partition today; partitions across devices come with graph_opt."""
+
+    def __init__(self, gguf: GGUFFile, options: GraphOptions | None = None) -> None:
+        opts = options or GraphOptions()
+        if opts.backend not in RUNNERS:
+            raise DeviceError(
+                f"no graph runner for backend {opts.backend!r}", hint=f"use one of {sorted(RUNNERS)}"
+            )
+        self.options = opts
+        self.cfg = cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+        self.backend, self.device = opts.backend, opts.device
+        self.vocab_size = cfg.n_vocab
+        kinds = layer_kinds(cfg)
+        window = cfg.sliding_window
+        specs = [
+            LayerSpec(
+                cfg.n_head_kv,
+                cfg.head_dim,
+                min(opts.capacity, window) if k else opts.capacity,
+                window if k else None,
+            )
+            for k in kinds
+        ]
+        self.cache = RingKVCache(specs, sink=opts.sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
+        # where each graph mask input comes from: the first layer of that kind
+        self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
+        self.chunk = max(1, min(opts.prefill_chunk, self.cache.max_step))
+        build = BuildOptions(lowering=opts.lowering, accuracy_level=opts.accuracy_level)
+        model_path = ensure_graph(gguf, cfg, build)
+        runner_opts = RunnerOptions(opts.device, opts.threads, opts.exact, model_path.parent)
+        self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
+        self.embed = Embedder(gguf, cfg)
+        self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
+        self._lock = threading.Lock()
+        limit = self.cache.capacity
+        self.n_ctx = (
+            cfg.context_length if opts.policy == "ring" or limit is None else min(limit, cfg.context_length)
+        )
+
+    @property
+    def position(self) -> int:
+        return self.cache.position
+
+    def _step(self, ids: Sequence[int], rows: np.ndarray) -> np.ndarray:
+        cache, n_layer = self.cache, self.cfg.n_layer
+        view = cache.begin(len(ids))
+        if view.dropped:
+            cache.begin(1)  # abandon the step; nothing was written
+            raise ContextOverflowError(
+                f"the KV cache is full at {cache.position} tokens (policy 'truncate')",
+                hint="shorten the prompt or use the 'ring' policy",
+            )
+        feeds: dict[str, np.ndarray] = {
+            "hidden": self.embed(ids),
+            "positions": view.positions,
+            "logit_rows": rows,
+        }
+        for k, layer in self._mask_layer.items():
+            feeds[f"mask_{k}"] = view.mask(layer)
+        for i in range(n_layer):
+            feeds[f"past_key_{i}"] = cache.keys[i]
+            feeds[f"past_value_{i}"] = cache.values[i]
+        out = self.runner.run(feeds, self._outputs)
+        cache.commit(out[1::2], out[2::2])
+        return out[0][0]  # [r, vocab]
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        toks = [int(t) for t in tokens]
+        if not toks:
+            raise ValueError("forward needs at least one token")
+        bad = [t for t in toks if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
+        if self.options.policy != "ring" and self.position + len(toks) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.position} + {len(toks)} tokens exceed the KV cache of {self.n_ctx}",
+                hint="raise --ctx-size or use the 'ring' policy",
+            )
+        with self._lock:
+            parts = []
+            for start in range(0, len(toks), self.chunk):
+                ids = toks[start : start + self.chunk]
+                final = start + self.chunk >= len(toks)
+                rows = np.array([len(ids) - 1] if last_only else range(len(ids)), dtype=np.int64)
+                logits = self._step(ids, rows)
+                if final or not last_only:
+                    parts.append(logits)
+            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    def rollback(self, n: int) -> None:
+        with self._lock:
+            self.cache.rollback(n)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.cache.reset()
+
+    def close(self) -> None:
+        self.runner = None  # type: ignore[assignment]

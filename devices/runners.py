@@ -1,0 +1,123 @@
+"""Compile an ONNX partition on a backend and run it on numpy buffers without copying the KV cache.
+
+A runner takes feeds (numpy arrays, bound by pointer) and returns the requested outputs as numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from edge.errors import BackendUnavailableError, DeviceError
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    device: str = "cpu"  # edge device kind: cpu | gpu | npu
+    threads: int | None = None
+    exact: bool = True  # fp32 math (no bf16 / int8 activations): what accuracy tests need
+    cache_dir: Path | None = None  # compiled artifacts (OpenVINO blobs, ORT optimized model)
+
+
+class Runner(Protocol):
+    backend: str
+    device: str
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]: ...
+
+
+def _threads(opts: RunnerOptions) -> int:
+    import psutil
+
+    return opts.threads or psutil.cpu_count(logical=False) or 1
+
+
+class OrtRunner:
+    backend = "ort"
+
+    def __init__(self, model_path: Path, opts: RunnerOptions) -> None:
+        try:
+            import onnxruntime as ort
+        except Exception as exc:
+            raise BackendUnavailableError(
+                f"onnxruntime does not import: {exc}", hint="pip install onnxruntime"
+            ) from None
+        providers = {
+            "cpu": ["CPUExecutionProvider"],
+            "gpu": ["CUDAExecutionProvider", "DmlExecutionProvider"],
+        }
+        wanted = [p for p in providers.get(opts.device, []) if p in ort.get_available_providers()]
+        if not wanted:
+            have = ", ".join(ort.get_available_providers())
+            raise DeviceError(
+                f"onnxruntime has no provider for {opts.device} here (providers: {have})",
+                hint="use --device cpu",
+            )
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = _threads(opts)
+        so.inter_op_num_threads = 1
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if opts.cache_dir is not None:
+            # the optimized graph is kept beside the source; a second start loads it without re-optimizing
+            so.optimized_model_filepath = str(opts.cache_dir / "ort_optimized.onnx")
+        self._ort = ort
+        self.session = ort.InferenceSession(str(model_path), so, providers=wanted)
+        self.device = opts.device
+        self._binding = self.session.io_binding()
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
+        b = self._binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        for name, arr in feeds.items():
+            b.bind_cpu_input(name, arr)  # by pointer: the ring-buffer KV is not copied
+        for name in outputs:
+            b.bind_output(name, "cpu")
+        self.session.run_with_iobinding(b)
+        return [v.numpy() for v in b.get_outputs()]
+
+
+class OpenVinoRunner:
+    backend = "openvino"
+
+    def __init__(self, model_path: Path, opts: RunnerOptions) -> None:
+        try:
+            import openvino as ov
+        except Exception as exc:
+            raise BackendUnavailableError(
+                f"openvino does not import: {exc}", hint="pip install openvino"
+            ) from None
+        core = ov.Core()
+        target = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}[opts.device]
+        if target not in core.available_devices:
+            have = ", ".join(core.available_devices)
+            raise DeviceError(
+                f"OpenVINO has no {target} device here (devices: {have})", hint="use --device cpu"
+            )
+        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        if target == "CPU":
+            config["INFERENCE_NUM_THREADS"] = _threads(opts)
+        if opts.exact:
+            # the CPU plugin runs bf16 and int8 activations by default on this kind of CPU
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+        if opts.cache_dir is not None:
+            config["CACHE_DIR"] = str(opts.cache_dir / "openvino")
+        self._ov = ov
+        self.compiled = core.compile_model(str(model_path), target, config)
+        self.request = self.compiled.create_infer_request()
+        self.device = opts.device
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
+        ov, req = self._ov, self.request
+        for name, arr in feeds.items():
+            req.set_tensor(name, ov.Tensor(arr, shared_memory=True))
+        req.infer()
+        return [np.array(req.get_tensor(name).data, copy=True) for name in outputs]
+
+
+RUNNERS = {"ort": OrtRunner, "openvino": OpenVinoRunner}

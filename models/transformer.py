@@ -1,0 +1,305 @@
+"""The shared decoder-only transformer as an ONNX graph, built from a GGUF (one builder for every family;
+`models/<arch>.py` only declares the family's traits).
+
+Graph contract (q = new tokens this step, r = rows whose logits are wanted; both dynamic; C_k = capacity of
+KV kind k, taken from the mask's shape):
+
+    inputs   hidden      float32 [1, q, d]        embeddings (see `Embedder`), or the previous partition's output
+             positions   int64   [q]              absolute positions, for RoPE
+             mask_<k>    float32 [1, 1, q, C_k+q]  additive mask over (past slots ++ new tokens) per KV kind
+             past_key_<i>, past_value_<i>  float32 [1, kvh, C_k, hd]   the ring-buffer KV of layer i
+             logit_rows  int64   [r]              (with the head) positions within the step to score
+    outputs  logits      float32 [1, r, vocab]    (with the head) else hidden_out [1, q, d]
+             new_key_<i>, new_value_<i>  float32 [1, kvh, q, hd]    K (rotated) / V of the new tokens only
+
+K is cached after RoPE at absolute positions, so the cache may keep slots in any order. RoPE is always the
+NeoX (halves) form in the graph: for families whose GGUF uses adjacent pairs (llama), the Q/K weight rows are
+permuted within each head at import, which leaves q.k unchanged and is exact for quantized rows too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from edge.errors import ModelFormatError
+from models.arch import ArchConfig
+from models.gguf_file import GGUFFile
+from models.weights import FloatWeight, NBitsWeight, dequantize_rows, import_linear
+
+OPSET = 21
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    first_layer: int = 0
+    last_layer: int | None = None  # exclusive; None = all layers
+    head: bool = True  # final norm + lm_head (the last partition)
+    lowering: str = "nbits_split"  # how quantized linears become ONNX (see models.weights)
+    accuracy_level: int = 0  # MatMulNBits accuracy level; 0 = fp32-exact
+
+
+def layer_kinds(cfg: ArchConfig) -> list[int]:
+    """KV kind per layer: 0 = global, 1 = sliding window (only for families that have one)."""
+    return [1 if cfg.is_local(i) else 0 for i in range(cfg.n_layer)]
+
+
+class _Graph:
+    """Tiny helper: unique names, constants, nodes."""
+
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self.h, self.nh = helper, numpy_helper
+        self.nodes: list = []
+        self.inits: list = []
+        self._n = 0
+        self._consts: dict[tuple, str] = {}
+
+    def name(self, base: str) -> str:
+        self._n += 1
+        return f"{base}_{self._n}"
+
+    def op(
+        self, op_type: str, inputs: Sequence[str], *, out: str | None = None, domain: str = "", **attrs
+    ) -> str:
+        y = out or self.name(op_type.lower())
+        self.nodes.append(
+            self.h.make_node(op_type, list(inputs), [y], name=self.name(op_type), domain=domain, **attrs)
+        )
+        return y
+
+    def const(self, value: np.ndarray | float | int | Sequence[int], dtype: type = np.float32) -> str:
+        arr = np.asarray(value, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            name = self.name("const")
+            self.inits.append(self.nh.from_array(arr, name))
+            self._consts[key] = name
+        return self._consts[key]
+
+    def init(self, name: str, arr: np.ndarray) -> str:
+        self.inits.append(self.nh.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+
+def _neox_perm(n_heads: int, head_dim: int) -> np.ndarray:
+    """Row order turning adjacent-pair RoPE (x0,x1),(x2,x3).. into halves (x0,x2,..,x1,x3,..), per head."""
+    within = np.concatenate([np.arange(0, head_dim, 2), np.arange(1, head_dim, 2)])
+    return (np.arange(n_heads)[:, None] * head_dim + within[None, :]).reshape(-1)
+
+
+def _permute_rows(w: NBitsWeight | FloatWeight, perm: np.ndarray) -> NBitsWeight | FloatWeight:
+    if isinstance(w, FloatWeight):
+        return replace(w, array=np.ascontiguousarray(w.array[perm]))
+    return replace(
+        w,
+        packed=np.ascontiguousarray(w.packed[perm]),
+        scales=np.ascontiguousarray(w.scales[perm]),
+        zero_points=None if w.zero_points is None else np.ascontiguousarray(w.zero_points[perm]),
+        bias=None if w.bias is None else np.ascontiguousarray(w.bias[perm]),
+    )
+
+
+class _Builder:
+    def __init__(self, gguf: GGUFFile, cfg: ArchConfig, opts: BuildOptions) -> None:
+        self.gguf, self.cfg, self.opts = gguf, cfg, opts
+        self.g = _Graph()
+
+    # -- weights -----------------------------------------------------------------------------------------
+    def tensor(self, name: str) -> np.ndarray:
+        if name not in self.gguf.tensors:
+            raise ModelFormatError(
+                f"{self.gguf.path.name}: tensor {name!r} is missing", hint="the file is incomplete"
+            )
+        return np.asarray(self.gguf.tensor_array(name), dtype=np.float32)
+
+    def linear(self, x: str, name: str, perm: np.ndarray | None = None) -> str:
+        if name not in self.gguf.tensors:
+            raise ModelFormatError(
+                f"{self.gguf.path.name}: tensor {name!r} is missing", hint="the file is incomplete"
+            )
+        w = import_linear(self.gguf, name)
+        if perm is not None:
+            w = _permute_rows(w, perm)
+        y = self.g.name(name.replace(".weight", ""))
+        if isinstance(w, NBitsWeight):
+            lin = w.to_onnx(x, y, name, lowering=self.opts.lowering, accuracy_level=self.opts.accuracy_level)  # type: ignore[arg-type]
+        else:
+            lin = w.to_onnx(x, y, name)
+        self.g.nodes += lin.nodes
+        self.g.inits += lin.initializers
+        bias_name = name.replace(".weight", ".bias")
+        if bias_name in self.gguf.tensors:
+            b = self.tensor(bias_name)
+            if perm is not None:
+                b = b[perm]
+            y = self.g.op("Add", [y, self.g.init(bias_name, b)])
+        return y
+
+    # -- blocks ------------------------------------------------------------------------------------------
+    def rms_norm(self, x: str, weight_name: str) -> str:
+        g = self.g
+        sq = g.op("Mul", [x, x])
+        ms = g.op("ReduceMean", [sq, g.const([-1], np.int64)], keepdims=1)
+        inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [ms, g.const(self.cfg.rms_eps)])])])
+        return g.op("Mul", [g.op("Mul", [x, inv]), g.init(weight_name, self.tensor(weight_name))])
+
+    def rope_tables(self, positions: str, base: float) -> tuple[str, str]:
+        g, hd = self.g, self.cfg.head_dim
+        inv_freq = (1.0 / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(np.float32)
+        pos = g.op("Cast", [positions], to=1)  # float32 [q]
+        ang = g.op("Mul", [g.op("Unsqueeze", [pos, g.const([1], np.int64)]), g.const(inv_freq[None, :])])
+        return g.op("Cos", [ang]), g.op("Sin", [ang])  # [q, hd/2]
+
+    def rope(self, x: str, cos: str, sin: str) -> str:
+        g, half = self.g, self.cfg.head_dim // 2
+        x1 = g.op("Slice", [x, g.const([0], np.int64), g.const([half], np.int64), g.const([-1], np.int64)])
+        x2 = g.op(
+            "Slice", [x, g.const([half], np.int64), g.const([2 * half], np.int64), g.const([-1], np.int64)]
+        )
+        a = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
+        b = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
+        return g.op("Concat", [a, b], axis=-1)
+
+    def activation(self, x: str) -> str:
+        g = self.g
+        if self.cfg.traits.activation == "silu":
+            return g.op("Mul", [x, g.op("Sigmoid", [x])])
+        # GELU, tanh approximation (ggml_gelu)
+        x3 = g.op("Mul", [g.op("Mul", [x, x]), x])
+        inner = g.op(
+            "Mul", [g.op("Add", [x, g.op("Mul", [x3, g.const(0.044715)])]), g.const(math.sqrt(2 / math.pi))]
+        )
+        return g.op(
+            "Mul", [g.op("Mul", [x, g.const(0.5)]), g.op("Add", [g.op("Tanh", [inner]), g.const(1.0)])]
+        )
+
+    def layer(
+        self, i: int, x: str, positions: str, ropes: dict[float, tuple[str, str]], kinds: list[int]
+    ) -> str:
+        cfg, g, t = self.cfg, self.g, self.cfg.traits
+        p = f"blk.{i}."
+        h, hd, kvh = cfg.n_head, cfg.head_dim, cfg.n_head_kv
+        grp = h // kvh
+        base = cfg.rope_base_for(i)
+        if base not in ropes:
+            ropes[base] = self.rope_tables(positions, base)
+        cos, sin = ropes[base]
+
+        xn = self.rms_norm(x, p + "attn_norm.weight")
+        perm_q = _neox_perm(h, hd) if t.rope_style == "norm" else None
+        perm_k = _neox_perm(kvh, hd) if t.rope_style == "norm" else None
+        q = self.linear(xn, p + "attn_q.weight", perm_q)
+        k = self.linear(xn, p + "attn_k.weight", perm_k)
+        v = self.linear(xn, p + "attn_v.weight")
+        q = g.op(
+            "Transpose",
+            [g.op("Reshape", [q, g.const([1, -1, kvh, grp, hd], np.int64)])],
+            perm=[0, 2, 3, 1, 4],
+        )
+        k = g.op("Transpose", [g.op("Reshape", [k, g.const([1, -1, kvh, hd], np.int64)])], perm=[0, 2, 1, 3])
+        v = g.op("Transpose", [g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)])], perm=[0, 2, 1, 3])
+        if t.qk_norm:
+            q = self.rms_norm(q, p + "attn_q_norm.weight")
+            k = self.rms_norm(k, p + "attn_k_norm.weight")
+        q = self.rope(q, cos, sin)  # [1, kvh, grp, q, hd]
+        k = g.op("Identity", [self.rope(k, cos, sin)], out=f"new_key_{i}")  # [1, kvh, q, hd]
+        v = g.op("Identity", [v], out=f"new_value_{i}")
+        k_all = g.op("Concat", [f"past_key_{i}", k], axis=2)  # [1, kvh, C+q, hd]
+        v_all = g.op("Concat", [f"past_value_{i}", v], axis=2)
+        axis2 = g.const([2], np.int64)
+        kt = g.op("Unsqueeze", [g.op("Transpose", [k_all], perm=[0, 1, 3, 2]), axis2])  # [1, kvh, 1, hd, C+q]
+        qs = g.op("Mul", [q, g.const(cfg.attn_scale)])
+        scores = g.op("MatMul", [qs, kt])  # [1, kvh, grp, q, C+q]
+        scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kinds[i]}", axis2])])
+        probs = g.op("Softmax", [scores], axis=-1)
+        ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [v_all, axis2])])  # [1, kvh, grp, q, hd]
+        ctx = g.op(
+            "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, h * hd], np.int64)]
+        )
+        attn = self.linear(ctx, p + "attn_output.weight")
+        if t.post_norms:
+            attn = self.rms_norm(attn, p + "post_attention_norm.weight")
+        x = g.op("Add", [x, attn])
+
+        xn = self.rms_norm(x, p + "ffn_norm.weight")
+        act = self.activation(self.linear(xn, p + "ffn_gate.weight"))
+        mlp = self.linear(g.op("Mul", [act, self.linear(xn, p + "ffn_up.weight")]), p + "ffn_down.weight")
+        if t.post_norms:
+            mlp = self.rms_norm(mlp, p + "post_ffw_norm.weight")
+        return g.op("Add", [x, mlp])
+
+    def build(self):  # type: ignore[no-untyped-def]
+        from onnx import TensorProto, helper
+
+        cfg, g, opts = self.cfg, self.g, self.opts
+        if cfg.rope_dim != cfg.head_dim:
+            raise ModelFormatError(
+                f"partial rotary embeddings ({cfg.rope_dim} of {cfg.head_dim}) are not supported"
+            )
+        last = cfg.n_layer if opts.last_layer is None else opts.last_layer
+        if not 0 <= opts.first_layer < last <= cfg.n_layer:
+            raise ValueError(f"layer range [{opts.first_layer}, {last}) is not within 0..{cfg.n_layer}")
+        kinds = layer_kinds(cfg)
+        F, I64 = TensorProto.FLOAT, TensorProto.INT64
+        kvh, hd = cfg.n_head_kv, cfg.head_dim
+        inputs = [
+            helper.make_tensor_value_info("hidden", F, [1, "q", cfg.n_embd]),
+            helper.make_tensor_value_info("positions", I64, ["q"]),
+        ]
+        used_kinds = sorted({kinds[i] for i in range(opts.first_layer, last)})
+        inputs += [
+            helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, "q", f"kv{k}_plus_q"]) for k in used_kinds
+        ]
+        outputs = []
+        ropes: dict[float, tuple[str, str]] = {}
+        x = "hidden"
+        for i in range(opts.first_layer, last):
+            cap = f"cap{kinds[i]}"
+            inputs += [
+                helper.make_tensor_value_info(f"past_{n}_{i}", F, [1, kvh, cap, hd]) for n in ("key", "value")
+            ]
+            outputs += [
+                helper.make_tensor_value_info(f"new_{n}_{i}", F, [1, kvh, "q", hd]) for n in ("key", "value")
+            ]
+            x = self.layer(i, x, "positions", ropes, kinds)
+        if opts.head:
+            inputs.append(helper.make_tensor_value_info("logit_rows", I64, ["r"]))
+            xn = self.rms_norm(x, "output_norm.weight")
+            rows = g.op("Gather", [xn, "logit_rows"], axis=1)
+            head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+            g.op("Identity", [self.linear(rows, head)], out="logits")
+            outputs.insert(0, helper.make_tensor_value_info("logits", F, [1, "r", cfg.n_vocab]))
+        else:
+            g.op("Identity", [x], out="hidden_out")
+            outputs.insert(0, helper.make_tensor_value_info("hidden_out", F, [1, "q", cfg.n_embd]))
+        graph = helper.make_graph(g.nodes, f"edge_{cfg.arch}", inputs, outputs, initializer=g.inits)
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="edge")
+        model.ir_version = 10
+        return model
+
+
+def build_decoder(gguf: GGUFFile, cfg: ArchConfig | None = None, options: BuildOptions | None = None):  # type: ignore[no-untyped-def]
+    """The decoder (or a partition of it) as an onnx.ModelProto, weights imported from the GGUF blocks."""
+    cfg = cfg or ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+    return _Builder(gguf, cfg, options or BuildOptions()).build()
+
+
+class Embedder:
+    """Token ids -> the graph's `hidden` input: rows of token_embd decoded from their own blocks (the embed
+    partition runs in numpy; a 262k-row table is never dequantized whole)."""
+
+    def __init__(self, gguf: GGUFFile, cfg: ArchConfig) -> None:
+        self.gguf = gguf
+        self.scale = np.float32(math.sqrt(cfg.n_embd)) if cfg.traits.embed_scale else None
+
+    def __call__(self, ids: Sequence[int]) -> np.ndarray:
+        rows = dequantize_rows(self.gguf, "token_embd.weight", np.asarray(ids, dtype=np.int64))
+        if self.scale is not None:
+            rows = rows * self.scale
+        return rows[None].astype(np.float32, copy=False)  # [1, q, d]
