@@ -26,7 +26,8 @@ from models.gguf_file import GGUFFile
 from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
 
-GRAPH_FORMAT = 1  # bump when the graph a builder emits changes, to invalidate cached graphs
+_SLOT_GRAIN = 32
+GRAPH_FORMAT = 2  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class GraphOptions:
     exact: bool = True  # fp32 everywhere; False lets backends use bf16 / int8 activations
     lowering: str = "nbits_split"
     accuracy_level: int = 0
+    static_shapes: bool = False  # bind every KV slot each step (what static-shape devices need)
 
 
 def _graph_dir(gguf: GGUFFile, build: BuildOptions) -> Path:
@@ -107,6 +109,7 @@ class GraphDecoder:
         self.cache = RingKVCache(specs, sink=opts.sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
         # where each graph mask input comes from: the first layer of that kind
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
+        self._kinds = kinds
         self.chunk = max(1, min(opts.prefill_chunk, self.cache.max_step))
         build = BuildOptions(lowering=opts.lowering, accuracy_level=opts.accuracy_level)
         model_path = ensure_graph(gguf, cfg, build)
@@ -123,6 +126,15 @@ class GraphDecoder:
     @property
     def position(self) -> int:
         return self.cache.position
+
+    def _bound_slots(self, layer: int) -> int:
+        """Past slots to bind for a layer's kind: all of them for static shapes, else the occupied prefix
+        rounded up (so decode reads what is filled, not the capacity; rounding keeps shapes from churning)."""
+        cap = self.cache.keys[layer].shape[1]
+        if self.options.static_shapes:
+            return cap
+        used = self.cache.occupied(layer)
+        return min(cap, max(_SLOT_GRAIN, -(-used // _SLOT_GRAIN) * _SLOT_GRAIN))
 
     def _step(self, ids: Sequence[int], rows: np.ndarray) -> np.ndarray:
         cache, n_layer = self.cache, self.cfg.n_layer

@@ -1,9 +1,13 @@
 """Fixed-capacity ring-buffer KV cache for static-shape decoder graphs.
 
-Per layer one K and one V buffer [1, n_kv_heads, capacity, head_dim], allocated once and only ever written in
-place, so a graph runtime can bind them zero-copy. A step is `begin(q)` -> run the graph on (past buffers,
-masks, positions) -> `commit(new_k, new_v)` with the q new tokens' K/V the graph returned. K arrives already
-rotated (RoPE at the absolute position), so slot order does not matter; the cache tracks each slot's position.
+Per layer one K and one V buffer [1, capacity, n_kv_heads, head_dim] (slot-major), allocated once and only
+ever written in place, so a graph runtime can bind them zero-copy. A step is `begin(q)` -> run the graph on
+(past buffers, masks, positions) -> `commit(new_k, new_v)` with the q new tokens' K/V the graph returned. K
+arrives already rotated (RoPE at the absolute position), so slot order does not matter; the cache tracks each
+slot's position.
+
+NOTE: slot-major so a slot prefix buf[:, :L] is one contiguous block: a runtime binds only the occupied slots
+(`occupied()`, `StepView.mask_prefix()`) zero-copy, and decode cost follows the fill, not the capacity.
 """
 
 from __future__ import annotations
@@ -49,10 +53,22 @@ class StepView:
     def mask(self, layer: int) -> np.ndarray:
         return self.masks[self.layer_kind[layer]]
 
+    def mask_prefix(self, layer: int, length: int) -> np.ndarray:
+        """The mask over past slots [0, length) ++ the q new tokens, [1, 1, q, length + q]; pair it with the
+        buffer prefix keys[layer][:, :length] (length = the cache's `occupied(layer)` between begin and commit).
+        The full mask itself when length is the capacity, else a new array."""
+        mask = self.mask(layer)
+        capacity = mask.shape[-1] - self.q_len
+        if not 0 <= length <= capacity:
+            raise ValueError(f"prefix length must be in [0, {capacity}], got {length}")
+        if length == capacity:
+            return mask
+        return np.concatenate([mask[..., :length], mask[..., capacity:]], axis=-1)
+
 
 @dataclass(frozen=True)
 class _Group:
-    """Layers of one kind and one [kvh, hd] stored as one array [n, 1, kvh, capacity, hd] per K and V, so a
+    """Layers of one kind and one [kvh, hd] stored as one array [n, 1, capacity, kvh, hd] per K and V, so a
     step moves all of them in one numpy call; each layer's buffer is a contiguous view into it."""
 
     kind: int
@@ -64,7 +80,7 @@ class _Group:
 @dataclass
 class _Undo:
     """What one commit overwrote, for its last n tokens: per kind the slots and their old positions, per group
-    the old K/V [n_layers, kvh, n, hd]. Slots within one commit are distinct, so any suffix restores alone."""
+    the old K/V [n_layers, n, kvh, hd]. Slots within one commit are distinct, so any suffix restores alone."""
 
     slots: list[np.ndarray]
     old_pos: list[np.ndarray]
@@ -79,8 +95,8 @@ class _Undo:
         return _Undo(
             [s[sl] for s in self.slots],
             [p[sl] for p in self.old_pos],
-            [k[:, :, sl] for k in self.old_k],
-            [v[:, :, sl] for v in self.old_v],
+            [k[:, sl] for k in self.old_k],
+            [v[:, sl] for v in self.old_v],
         )
 
 
@@ -154,7 +170,7 @@ class RingKVCache:
         k_views: list[np.ndarray] = [np.empty(0)] * len(self._specs)
         v_views = list(k_views)
         for (ki, kvh, hd), idx in members.items():
-            shape = (len(idx), 1, kvh, self._kinds[ki].capacity, hd)
+            shape = (len(idx), 1, self._kinds[ki].capacity, kvh, hd)
             group = _Group(ki, tuple(idx), np.zeros(shape, self._dtype), np.zeros(shape, self._dtype))
             self._groups.append(group)
             for j, layer in enumerate(idx):
@@ -182,7 +198,7 @@ class RingKVCache:
 
     @property
     def keys(self) -> tuple[np.ndarray, ...]:
-        """Per layer the K buffer [1, kvh, capacity, hd]; bind it, never replace it."""
+        """Per layer the K buffer [1, capacity, kvh, hd]; bind it (or its prefix [:, :L]), never replace it."""
         return self._k
 
     @property
@@ -251,6 +267,22 @@ class RingKVCache:
         """Occupied slots of a layer [capacity] bool."""
         return self._slot_pos[self._layer_kind[layer]] >= 0
 
+    def occupied(self, layer_or_kind: int | LayerKind) -> int:
+        """Length L of the smallest slot prefix [0, L) holding every occupied slot of a layer (int) or a kind:
+        the fill before the ring wraps, the capacity after. Slots [L, capacity) are empty and hidden by every
+        mask, so attention over keys[layer][:, :L] with `StepView.mask_prefix(layer, L)` equals attention over
+        the whole buffer; between begin() and commit() it is the past the step attends to."""
+        kind = (
+            layer_or_kind
+            if isinstance(layer_or_kind, LayerKind)
+            else self._kinds[self._layer_kind[layer_or_kind]]
+        )
+        if kind not in self._kinds:
+            raise ValueError(f"{kind} is not a kind of this cache")
+        # Every state equals a fresh cache fed positions [0, position) (rollback restores bit-exactly, truncate
+        # and error never evict), and those fill slots [0, position) until the ring wraps.
+        return min(self._position, kind.capacity)
+
     def slots(self, positions: np.ndarray | Sequence[int], layer: int = 0) -> np.ndarray:
         """The slot each absolute position is written to in a layer."""
         return self._slots(self._kinds[self._layer_kind[layer]], np.asarray(positions, np.int64))
@@ -287,7 +319,7 @@ class RingKVCache:
         return self._pending
 
     def commit(self, new_k: Sequence[np.ndarray], new_v: Sequence[np.ndarray]) -> None:
-        """Store the step's new K/V (per layer [1, kvh, q, hd]) in their slots; padding columns are ignored."""
+        """Store the step's new K/V (per layer [1, q, kvh, hd]) in their slots; padding columns are ignored."""
         view = self._pending
         if view is None:
             raise RuntimeError("commit() without a pending begin()")
@@ -296,7 +328,7 @@ class RingKVCache:
                 f"expected K and V for {len(self._specs)} layers, got {len(new_k)} and {len(new_v)}"
             )
         for i, (spec, k, v) in enumerate(zip(self._specs, new_k, new_v, strict=True)):
-            want = (1, spec.n_kv_heads, view.q_len, spec.head_dim)
+            want = (1, view.q_len, spec.n_kv_heads, spec.head_dim)
             if k.shape != want or v.shape != want:
                 raise ValueError(f"layer {i}: new K/V shapes {k.shape}, {v.shape}; expected {want}")
         self._pending = None
@@ -312,13 +344,13 @@ class RingKVCache:
         for g in self._groups:
             dst, tail = dsts[g.kind], tails[g.kind]
             for big, new, old in ((g.k, new_k, undo.old_k), (g.v, new_v, undo.old_v)):
-                body = big[:, 0]  # [n_layers, kvh, capacity, hd]
+                body = big[:, 0]  # [n_layers, capacity, kvh, hd]
                 if t:
-                    old.append(body[:, :, tail].copy())  # NOTE: copy; a slice index would give a view
+                    old.append(body[:, tail].copy())  # NOTE: copy; a slice index would give a view
                 if len(g.layers) == 1:
-                    body[0][:, dst] = new[g.layers[0]][0, :, :n]
+                    body[0][dst] = new[g.layers[0]][0, :n]
                 else:
-                    body[:, :, dst] = np.stack([new[i][0, :, :n] for i in g.layers])
+                    body[:, dst] = np.stack([new[i][0, :n] for i in g.layers])
         for sp, s in zip(self._slot_pos, slots, strict=True):
             sp[s] = pos
         self._position += n
@@ -348,8 +380,8 @@ class RingKVCache:
                 sp[s] = old
             idxs = [_index(s) for s in part.slots]
             for g, old_k, old_v in zip(self._groups, part.old_k, part.old_v, strict=True):
-                g.k[:, 0][:, :, idxs[g.kind]] = old_k
-                g.v[:, 0][:, :, idxs[g.kind]] = old_v
+                g.k[:, 0][:, idxs[g.kind]] = old_k
+                g.v[:, 0][:, idxs[g.kind]] = old_v
             if j == undo.n:
                 self._undo.pop()
             else:

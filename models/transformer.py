@@ -1,16 +1,16 @@
 """The shared decoder-only transformer as an ONNX graph, built from a GGUF (one builder for every family;
 `models/<arch>.py` only declares the family's traits).
 
-Graph contract (q = new tokens this step, r = rows whose logits are wanted; both dynamic; C_k = capacity of
-KV kind k, taken from the mask's shape):
+Graph contract (q = new tokens this step, r = rows whose logits are wanted, L_k = past slots bound for KV
+kind k: all dynamic; a static-shape device fixes them):
 
     inputs   hidden      float32 [1, q, d]        embeddings (see `Embedder`), or the previous partition's output
              positions   int64   [q]              absolute positions, for RoPE
-             mask_<k>    float32 [1, 1, q, C_k+q]  additive mask over (past slots ++ new tokens) per KV kind
-             past_key_<i>, past_value_<i>  float32 [1, kvh, C_k, hd]   the ring-buffer KV of layer i
+             mask_<k>    float32 [1, 1, q, L_k+q]  additive mask over (past slots ++ new tokens) per KV kind
+             past_key_<i>, past_value_<i>  float32 [1, L_k, kvh, hd]   a slot prefix of layer i's ring buffer
              logit_rows  int64   [r]              (with the head) positions within the step to score
     outputs  logits      float32 [1, r, vocab]    (with the head) else hidden_out [1, q, d]
-             new_key_<i>, new_value_<i>  float32 [1, kvh, q, hd]    K (rotated) / V of the new tokens only
+             new_key_<i>, new_value_<i>  float32 [1, q, kvh, hd]    K (rotated) / V of the new tokens only
 
 K is cached after RoPE at absolute positions, so the cache may keep slots in any order. RoPE is always the
 NeoX (halves) form in the graph: for families whose GGUF uses adjacent pairs (llama), the Q/K weight rows are
@@ -165,6 +165,16 @@ class _Builder:
         b = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
         return g.op("Concat", [a, b], axis=-1)
 
+    def keys_t(self, t: str) -> str:
+        """Slot-major K [1, n, kvh, hd] -> [1, kvh, 1, hd, n], ready to multiply grouped queries."""
+        g = self.g
+        return g.op("Unsqueeze", [g.op("Transpose", [t], perm=[0, 2, 3, 1]), g.const([2], np.int64)])
+
+    def values_h(self, t: str) -> str:
+        """Slot-major V [1, n, kvh, hd] -> [1, kvh, 1, n, hd]."""
+        g = self.g
+        return g.op("Unsqueeze", [g.op("Transpose", [t], perm=[0, 2, 1, 3]), g.const([2], np.int64)])
+
     def activation(self, x: str) -> str:
         g = self.g
         if self.cfg.traits.activation == "silu":
@@ -201,23 +211,37 @@ class _Builder:
             [g.op("Reshape", [q, g.const([1, -1, kvh, grp, hd], np.int64)])],
             perm=[0, 2, 3, 1, 4],
         )
-        k = g.op("Transpose", [g.op("Reshape", [k, g.const([1, -1, kvh, hd], np.int64)])], perm=[0, 2, 1, 3])
-        v = g.op("Transpose", [g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)])], perm=[0, 2, 1, 3])
+        k = g.op(
+            "Reshape", [k, g.const([1, -1, kvh, hd], np.int64)]
+        )  # [1, q, kvh, hd]: slot-major, as cached
+        v = g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)])
         if t.qk_norm:
             q = self.rms_norm(q, p + "attn_q_norm.weight")
             k = self.rms_norm(k, p + "attn_k_norm.weight")
         q = self.rope(q, cos, sin)  # [1, kvh, grp, q, hd]
-        k = g.op("Identity", [self.rope(k, cos, sin)], out=f"new_key_{i}")  # [1, kvh, q, hd]
+        axis1, axis2 = g.const([1], np.int64), g.const([2], np.int64)
+        cos_k, sin_k = g.op("Unsqueeze", [cos, axis1]), g.op("Unsqueeze", [sin, axis1])  # [q, 1, hd/2]
+        k = g.op("Identity", [self.rope(k, cos_k, sin_k)], out=f"new_key_{i}")  # [1, q, kvh, hd]
         v = g.op("Identity", [v], out=f"new_value_{i}")
-        k_all = g.op("Concat", [f"past_key_{i}", k], axis=2)  # [1, kvh, C+q, hd]
-        v_all = g.op("Concat", [f"past_value_{i}", v], axis=2)
-        axis2 = g.const([2], np.int64)
-        kt = g.op("Unsqueeze", [g.op("Transpose", [k_all], perm=[0, 1, 3, 2]), axis2])  # [1, kvh, 1, hd, C+q]
+        # NOTE: attention is split into (past slots) and (new tokens) so the past is never concatenated
+        # (copied) with the new K/V; the past is whatever prefix of the ring the caller binds.
         qs = g.op("Mul", [q, g.const(cfg.attn_scale)])
-        scores = g.op("MatMul", [qs, kt])  # [1, kvh, grp, q, C+q]
+        s_past = g.op("MatMul", [qs, self.keys_t(f"past_key_{i}")])  # [1, kvh, grp, q, L]
+        s_new = g.op("MatMul", [qs, self.keys_t(k)])  # [1, kvh, grp, q, q]
+        scores = g.op("Concat", [s_past, s_new], axis=-1)
         scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kinds[i]}", axis2])])
         probs = g.op("Softmax", [scores], axis=-1)
-        ctx = g.op("MatMul", [probs, g.op("Unsqueeze", [v_all, axis2])])  # [1, kvh, grp, q, hd]
+        n_past = g.op("Shape", [f"past_key_{i}"], start=1, end=2)
+        last = g.const([-1], np.int64)
+        p_past = g.op("Slice", [probs, g.const([0], np.int64), n_past, last])
+        p_new = g.op("Slice", [probs, n_past, g.const([2**62], np.int64), last])
+        ctx = g.op(
+            "Add",
+            [
+                g.op("MatMul", [p_past, self.values_h(f"past_value_{i}")]),
+                g.op("MatMul", [p_new, self.values_h(v)]),
+            ],
+        )
         ctx = g.op(
             "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, h * hd], np.int64)]
         )
@@ -253,18 +277,19 @@ class _Builder:
         ]
         used_kinds = sorted({kinds[i] for i in range(opts.first_layer, last)})
         inputs += [
-            helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, "q", f"kv{k}_plus_q"]) for k in used_kinds
+            helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, "q", f"past{k}_plus_q"]) for k in used_kinds
         ]
         outputs = []
         ropes: dict[float, tuple[str, str]] = {}
         x = "hidden"
         for i in range(opts.first_layer, last):
-            cap = f"cap{kinds[i]}"
+            past = f"past{kinds[i]}"
             inputs += [
-                helper.make_tensor_value_info(f"past_{n}_{i}", F, [1, kvh, cap, hd]) for n in ("key", "value")
+                helper.make_tensor_value_info(f"past_{n}_{i}", F, [1, past, kvh, hd])
+                for n in ("key", "value")
             ]
             outputs += [
-                helper.make_tensor_value_info(f"new_{n}_{i}", F, [1, kvh, "q", hd]) for n in ("key", "value")
+                helper.make_tensor_value_info(f"new_{n}_{i}", F, [1, "q", kvh, hd]) for n in ("key", "value")
             ]
             x = self.layer(i, x, "positions", ropes, kinds)
         if opts.head:

@@ -26,8 +26,8 @@ def pattern(mask: np.ndarray, capacity: int) -> list[str]:
 
 
 def new_kv(cache: RingKVCache, q: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    ks = [rng.standard_normal((1, s.n_kv_heads, q, s.head_dim)).astype(np.float32) for s in cache.layers]
-    vs = [rng.standard_normal((1, s.n_kv_heads, q, s.head_dim)).astype(np.float32) for s in cache.layers]
+    ks = [rng.standard_normal((1, q, s.n_kv_heads, s.head_dim)).astype(np.float32) for s in cache.layers]
+    vs = [rng.standard_normal((1, q, s.n_kv_heads, s.head_dim)).astype(np.float32) for s in cache.layers]
     return ks, vs
 
 
@@ -41,7 +41,7 @@ def feed(cache: RingKVCache, n: int, chunk: int = 1, seed: int = 0) -> None:
 
 
 def step_with(cache: RingKVCache, ks: list[np.ndarray], vs: list[np.ndarray]) -> None:
-    cache.begin(ks[0].shape[2])
+    cache.begin(ks[0].shape[1])
     cache.commit(ks, vs)
 
 
@@ -164,9 +164,9 @@ def test_commit_writes_only_the_new_slots() -> None:
         assert cache.slots(view.positions[:n]).tolist() == want
         for layer in range(2):
             for buf, old, new in ((cache.keys, before[0], ks), (cache.values, before[1], vs)):
-                changed = np.flatnonzero(np.any(buf[layer] != old[layer], axis=(0, 1, 3)))
+                changed = np.flatnonzero(np.any(buf[layer] != old[layer], axis=(0, 2, 3)))
                 assert sorted(changed.tolist()) == sorted(want)
-                np.testing.assert_array_equal(buf[layer][0][:, want, :], new[layer][0, :, :n, :])
+                np.testing.assert_array_equal(buf[layer][0, want], new[layer][0, :n])
 
 
 def test_buffers_are_never_reallocated() -> None:
@@ -174,7 +174,7 @@ def test_buffers_are_never_reallocated() -> None:
     ids = [(id(b), b.ctypes.data) for b in (*cache.keys, *cache.values)]
     bound = [b[...] for b in (*cache.keys, *cache.values)]  # what a runtime holds after binding zero-copy
     assert all(b.dtype == np.float16 and b.flags.c_contiguous for b in bound)
-    assert cache.keys[0].shape == (1, 2, 6, 4) and cache.keys[1].shape == (1, 1, 3, 4)
+    assert cache.keys[0].shape == (1, 6, 2, 4) and cache.keys[1].shape == (1, 3, 1, 4)
     feed(cache, 13, chunk=1)
     feed(cache, 6, chunk=2, seed=3)
     cache.rollback(5)
@@ -185,6 +185,59 @@ def test_buffers_are_never_reallocated() -> None:
     for view, buf in zip(bound, (*cache.keys, *cache.values), strict=True):
         assert np.shares_memory(view, buf)
         np.testing.assert_array_equal(view, buf)
+
+
+def test_occupied_prefix_before_and_after_wrap() -> None:
+    cache = RingKVCache([G6, LayerSpec(2, 4, 4, window=4), G6], sink=2)
+    glob, local = cache.kinds
+    assert (cache.occupied(0), cache.occupied(1), cache.occupied(glob)) == (0, 0, 0)
+    for n in range(1, 10):
+        feed(cache, 1, seed=n)
+        want = (min(n, 6), min(n, 4), min(n, 6))
+        assert tuple(cache.occupied(i) for i in range(3)) == want
+        assert (cache.occupied(glob), cache.occupied(local)) == want[:2]
+        for i in range(3):  # every occupied slot lies in the prefix, and its last slot is occupied
+            valid = cache.valid(i)
+            assert valid[: cache.occupied(i)].all() and not valid[cache.occupied(i) :].any()
+    cache.rollback(3)  # position 6: the wrapped slots are restored, still all occupied
+    assert (cache.occupied(0), cache.occupied(1)) == (6, 4)
+    cache.reset()
+    feed(cache, 5, chunk=3)
+    cache.rollback(2)  # before the wrap: the prefix shrinks with the fill
+    assert (cache.occupied(0), cache.occupied(1), cache.fill) == (3, 3, 3)
+    with pytest.raises(ValueError, match="not a kind"):
+        cache.occupied(LayerKind(5, None, 2))
+
+
+def test_mask_prefix_is_the_full_mask_without_the_empty_slots() -> None:
+    cache = RingKVCache([G6, LayerSpec(2, 4, 4, window=3)], sink=2)
+    feed(cache, 3)
+    view = cache.begin(2)
+    for layer, capacity in ((0, 6), (1, 4)):
+        full = view.mask(layer)
+        for length in range(capacity + 1):
+            prefix = view.mask_prefix(layer, length)
+            assert prefix.shape == (1, 1, 2, length + 2) and prefix.dtype == np.float32
+            np.testing.assert_array_equal(prefix[..., :length], full[..., :length])
+            np.testing.assert_array_equal(prefix[..., length:], full[..., capacity:])
+        assert view.mask_prefix(layer, capacity) is full
+        with pytest.raises(ValueError, match="prefix length"):
+            view.mask_prefix(layer, capacity + 1)
+    assert pattern(view.mask_prefix(0, cache.occupied(0)), 3) == ["xxx|x.", "xxx|xx"]
+
+
+def test_occupied_prefix_of_a_buffer_is_one_contiguous_block() -> None:
+    cache = RingKVCache([G6, G6, LayerSpec(1, 4, 3, window=3)], sink=2, dtype=np.float16)
+    for n in (0, 2, 3, 5):  # checked at positions 0, 2, 5 (before the wrap) and 10 (after)
+        for layer in range(3):
+            length = cache.occupied(layer)
+            for buf in (cache.keys[layer], cache.values[layer]):
+                prefix = buf[:, :length]
+                assert prefix.flags.c_contiguous and prefix.ctypes.data == buf.ctypes.data
+                assert prefix.nbytes == length * buf[0, 0].nbytes
+                assert length == 0 or np.shares_memory(prefix, buf)
+        feed(cache, n, seed=n)
+    assert (cache.occupied(0), cache.occupied(2)) == (6, 3)
 
 
 # --- rollback -----------------------------------------------------------------------------------------------
@@ -218,11 +271,11 @@ def test_rollback_inside_a_chunk_equals_the_shorter_sequence() -> None:
     cache = RingKVCache(layers, sink=1)
     for lo, hi in ((0, 3), (3, 7)):  # the second chunk wraps
         cache.begin(hi - lo)
-        cache.commit([k[:, :, lo:hi] for k in ks], [v[:, :, lo:hi] for v in vs])
+        cache.commit([k[:, lo:hi] for k in ks], [v[:, lo:hi] for v in vs])
     cache.rollback(3)
     shorter = RingKVCache(layers, sink=1)
     for t in range(4):
-        step_with(shorter, [k[:, :, t : t + 1] for k in ks], [v[:, :, t : t + 1] for v in vs])
+        step_with(shorter, [k[:, t : t + 1] for k in ks], [v[:, t : t + 1] for v in vs])
     assert_same_state(cache, shorter)
 
 
@@ -364,12 +417,12 @@ def test_repr() -> None:
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Reference attention: q [H, n, hd], k/v [kvh, m, hd] (GQA), additive mask [n, m] -> [H, n, hd]."""
-    rep = q.shape[0] // k.shape[0]
-    k, v = np.repeat(k, rep, axis=0).astype(np.float64), np.repeat(v, rep, axis=0).astype(np.float64)
-    s = q.astype(np.float64) @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + mask
+    """Reference attention, slot-major: q [n, H, hd], k/v [m, kvh, hd] (GQA), mask [n, m] -> [n, H, hd]."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1).astype(np.float64), np.repeat(v, rep, axis=1).astype(np.float64)
+    s = np.einsum("nhd,mhd->hnm", q.astype(np.float64), k) / np.sqrt(q.shape[-1]) + mask
     w = np.exp(s - s.max(axis=-1, keepdims=True))
-    return (w / w.sum(axis=-1, keepdims=True)) @ v
+    return np.einsum("hnm,mhd->nhd", w / w.sum(axis=-1, keepdims=True), v)
 
 
 def full_mask(n: int, visible: Callable[[int, int], bool]) -> np.ndarray:
@@ -377,24 +430,34 @@ def full_mask(n: int, visible: Callable[[int, int], bool]) -> np.ndarray:
 
 
 def through_cache(cache: RingKVCache, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk: int) -> np.ndarray:
-    """Run one layer's attention for a whole sequence chunk by chunk through the cache (static chunk width)."""
-    n, outs = q.shape[1], []
+    """Run one layer's attention for a whole sequence chunk by chunk through the cache (static chunk width).
+
+    Each chunk attends over the whole buffer and, as a graph binding only the occupied slots would, over the
+    prefix keys[0][:, :occupied] with mask_prefix; both must agree."""
+    n, outs = q.shape[0], []
     for lo in range(0, n, chunk):
         real = min(chunk, n - lo)
-        pad = ((0, 0), (0, chunk - real), (0, 0))
-        qc, kc, vc = (np.pad(x[:, lo : lo + real], pad) for x in (q, k, v))
+        pad = ((0, chunk - real), (0, 0), (0, 0))
+        qc, kc, vc = (np.pad(x[lo : lo + real], pad) for x in (q, k, v))
         view = cache.begin(chunk, n_tokens=real)
-        kk = np.concatenate([cache.keys[0][0], kc], axis=1)
-        vv = np.concatenate([cache.values[0][0], vc], axis=1)
-        outs.append(attend(qc, kk, vv, view.mask(0)[0, 0])[:, :real])
+        kk = np.concatenate([cache.keys[0][0], kc], axis=0)
+        vv = np.concatenate([cache.values[0][0], vc], axis=0)
+        out = attend(qc, kk, vv, view.mask(0)[0, 0])[:real]
+        length = cache.occupied(0)
+        kp = np.concatenate([cache.keys[0][0, :length], kc], axis=0)
+        vp = np.concatenate([cache.values[0][0, :length], vc], axis=0)
+        np.testing.assert_allclose(
+            attend(qc, kp, vp, view.mask_prefix(0, length)[0, 0])[:real], out, rtol=1e-12, atol=1e-12
+        )
+        outs.append(out)
         cache.commit([kc[None]], [vc[None]])
-    return np.concatenate(outs, axis=1)
+    return np.concatenate(outs, axis=0)
 
 
 def qkv(n: int, heads: int = 4, kvh: int = 2, hd: int = 8, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     return tuple(
-        rng.standard_normal(s).astype(np.float32) for s in ((heads, n, hd), (kvh, n, hd), (kvh, n, hd))
+        rng.standard_normal(s).astype(np.float32) for s in ((n, heads, hd), (n, kvh, hd), (n, kvh, hd))
     )
 
 
@@ -524,10 +587,17 @@ class CacheMachine(RuleBasedStateMachine):
         assert (view.n_tokens, view.positions.tolist()) == (accepted, list(range(start, start + q)))
         for layer in range(len(self.cfg["layers"])):
             np.testing.assert_array_equal(view.mask(layer), self.expected_mask(layer, view, slot_pos[layer]))
+            # slots past occupied() are hidden, so the prefix mask is the full one without them
+            length, capacity = self.cache.occupied(layer), slot_pos[layer].shape[0]
+            assert np.all(view.mask(layer)[..., length:capacity] == -np.inf)
+            np.testing.assert_array_equal(
+                view.mask_prefix(layer, length),
+                np.concatenate([view.mask(layer)[..., :length], view.mask(layer)[..., capacity:]], axis=-1),
+            )
         ks, vs = new_kv(self.cache, q, self.rng)
         self.cache.commit(ks, vs)
         for t in range(accepted):
-            self.history.append(([k[0, :, t] for k in ks], [v[0, :, t] for v in vs]))
+            self.history.append(([k[0, t] for k in ks], [v[0, t] for v in vs]))
         self.undoable = min(self.undoable + accepted, self.cfg["max_rollback"])
 
     @rule(data=st.data())
@@ -573,19 +643,18 @@ class CacheMachine(RuleBasedStateMachine):
             held = ref_held(list(range(len(self.history))), spec, sink)
             pos = cache.positions(layer)
             assert sorted(pos[pos >= 0].tolist()) == held
+            valid, length = cache.valid(layer), cache.occupied(layer)
+            assert not valid[length:].any() and (length == 0 or valid[length - 1])  # the smallest such prefix
+            assert cache.occupied(cache.kinds[cache.layer_kind[layer]]) == length
             for slot, p in enumerate(pos.tolist()):
                 if p >= 0:
                     ks, vs = self.history[p]
-                    np.testing.assert_array_equal(
-                        cache.keys[layer][0, :, slot], ks[layer].astype(cache.dtype)
-                    )
-                    np.testing.assert_array_equal(
-                        cache.values[layer][0, :, slot], vs[layer].astype(cache.dtype)
-                    )
+                    np.testing.assert_array_equal(cache.keys[layer][0, slot], ks[layer].astype(cache.dtype))
+                    np.testing.assert_array_equal(cache.values[layer][0, slot], vs[layer].astype(cache.dtype))
         # Bit-exact, empty slots included: a fresh cache fed the same tokens one by one.
         fresh = RingKVCache(**self.cfg)
         for ks, vs in self.history:
-            step_with(fresh, [k[None, :, None] for k in ks], [v[None, :, None] for v in vs])
+            step_with(fresh, [k[None, None] for k in ks], [v[None, None] for v in vs])
         assert_same_state(cache, fresh)
 
 
