@@ -27,7 +27,7 @@ from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
 
 _SLOT_GRAIN = 32
-GRAPH_FORMAT = 2  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 5  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class GraphOptions:
     exact: bool = True  # fp32 everywhere; False lets backends use bf16 / int8 activations
     lowering: str = "nbits_split"
     accuracy_level: int = 0
+    head_accuracy_level: int | None = None
     static_shapes: bool = False  # bind every KV slot each step (what static-shape devices need)
 
 
@@ -111,7 +112,11 @@ class GraphDecoder:
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self._kinds = kinds
         self.chunk = max(1, min(opts.prefill_chunk, self.cache.max_step))
-        build = BuildOptions(lowering=opts.lowering, accuracy_level=opts.accuracy_level)
+        build = BuildOptions(
+            lowering=opts.lowering,
+            accuracy_level=opts.accuracy_level,
+            head_accuracy_level=opts.head_accuracy_level,
+        )
         model_path = ensure_graph(gguf, cfg, build)
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.exact, model_path.parent)
         self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
@@ -150,11 +155,15 @@ class GraphDecoder:
             "positions": view.positions,
             "logit_rows": rows,
         }
+        bound = {}
         for k, layer in self._mask_layer.items():
-            feeds[f"mask_{k}"] = view.mask(layer)
+            bound[k] = self._bound_slots(layer)
+            feeds[f"mask_{k}"] = view.mask_prefix(layer, bound[k])
         for i in range(n_layer):
-            feeds[f"past_key_{i}"] = cache.keys[i]
-            feeds[f"past_value_{i}"] = cache.values[i]
+            n = bound[self._kinds[i]]
+            # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
+            feeds[f"past_key_{i}"] = cache.keys[i][:, :n]
+            feeds[f"past_value_{i}"] = cache.values[i][:, :n]
         out = self.runner.run(feeds, self._outputs)
         cache.commit(out[1::2], out[2::2])
         return out[0][0]  # [r, vocab]

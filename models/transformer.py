@@ -40,6 +40,7 @@ class BuildOptions:
     head: bool = True  # final norm + lm_head (the last partition)
     lowering: str = "nbits_split"  # how quantized linears become ONNX (see models.weights)
     accuracy_level: int = 0  # MatMulNBits accuracy level; 0 = fp32-exact
+    head_accuracy_level: int | None = None  # for the lm_head alone (None: accuracy_level)
 
 
 def layer_kinds(cfg: ArchConfig) -> list[int]:
@@ -104,6 +105,46 @@ def _permute_rows(w: NBitsWeight | FloatWeight, perm: np.ndarray) -> NBitsWeight
     )
 
 
+def w_n(w: NBitsWeight | FloatWeight) -> int:
+    return w.n if isinstance(w, NBitsWeight) else int(w.array.shape[0])
+
+
+def _concat_rows(ws: Sequence[NBitsWeight | FloatWeight]) -> NBitsWeight | FloatWeight | None:
+    """The weights stacked along the output dim, when they share one storage form; else None."""
+    first = ws[0]
+    if isinstance(first, FloatWeight):
+        if all(isinstance(w, FloatWeight) and w.array.dtype == first.array.dtype for w in ws):
+            return replace(first, array=np.concatenate([w.array for w in ws]))  # type: ignore[union-attr]
+        return None
+    same = all(
+        isinstance(w, NBitsWeight) and (w.bits, w.block_size, w.k) == (first.bits, first.block_size, first.k)
+        for w in ws
+    )
+    if not same:
+        return None
+    nb = [w for w in ws if isinstance(w, NBitsWeight)]
+    zps = (
+        None
+        if all(w.zero_points is None for w in nb)
+        else np.concatenate([w.integer_zero_points() for w in nb])
+    )
+    has_bias = any(w.bias is not None for w in nb)
+    bias = (
+        np.concatenate([w.bias if w.bias is not None else np.zeros_like(w.scales) for w in nb])
+        if has_bias
+        else None
+    )
+    return replace(
+        first,
+        ggml_type="+".join(sorted({w.ggml_type for w in nb})),
+        n=sum(w.n for w in nb),
+        packed=np.concatenate([w.packed for w in nb]),
+        scales=np.concatenate([w.scales for w in nb]),
+        zero_points=zps,
+        bias=bias,
+    )
+
+
 class _Builder:
     def __init__(self, gguf: GGUFFile, cfg: ArchConfig, opts: BuildOptions) -> None:
         self.gguf, self.cfg, self.opts = gguf, cfg, opts
@@ -117,53 +158,97 @@ class _Builder:
             )
         return np.asarray(self.gguf.tensor_array(name), dtype=np.float32)
 
-    def linear(self, x: str, name: str, perm: np.ndarray | None = None) -> str:
+    def _weight(self, name: str, perm: np.ndarray | None) -> NBitsWeight | FloatWeight:
         if name not in self.gguf.tensors:
             raise ModelFormatError(
                 f"{self.gguf.path.name}: tensor {name!r} is missing", hint="the file is incomplete"
             )
         w = import_linear(self.gguf, name)
-        if perm is not None:
-            w = _permute_rows(w, perm)
-        y = self.g.name(name.replace(".weight", ""))
+        return w if perm is None else _permute_rows(w, perm)
+
+    def _bias(self, name: str, perm: np.ndarray | None) -> np.ndarray | None:
+        bias_name = name.replace(".weight", ".bias")
+        if bias_name not in self.gguf.tensors:
+            return None
+        b = self.tensor(bias_name)
+        return b if perm is None else b[perm]
+
+    def _emit(self, x: str, w: NBitsWeight | FloatWeight, prefix: str, accuracy: int | None) -> str:
+        y = self.g.name(prefix.replace(".weight", ""))
         if isinstance(w, NBitsWeight):
-            lin = w.to_onnx(x, y, name, lowering=self.opts.lowering, accuracy_level=self.opts.accuracy_level)  # type: ignore[arg-type]
+            level = self.opts.accuracy_level if accuracy is None else accuracy
+            lin = w.to_onnx(x, y, prefix, lowering=self.opts.lowering, accuracy_level=level, rank=3)  # type: ignore[arg-type]
         else:
-            lin = w.to_onnx(x, y, name)
+            lin = w.to_onnx(x, y, prefix)
         self.g.nodes += lin.nodes
         self.g.inits += lin.initializers
-        bias_name = name.replace(".weight", ".bias")
-        if bias_name in self.gguf.tensors:
-            b = self.tensor(bias_name)
-            if perm is not None:
-                b = b[perm]
-            y = self.g.op("Add", [y, self.g.init(bias_name, b)])
         return y
+
+    def linear(
+        self, x: str, name: str, perm: np.ndarray | None = None, *, accuracy: int | None = None
+    ) -> str:
+        y = self._emit(x, self._weight(name, perm), name, accuracy)
+        b = self._bias(name, perm)
+        return y if b is None else self.g.op("Add", [y, self.g.init(name.replace(".weight", ".bias"), b)])
+
+    def linears(self, x: str, names: Sequence[str], perms: Sequence[np.ndarray | None]) -> list[str]:
+        """Linears sharing one input, fused into one matmul when their weights have the same form (QKV,
+        gate+up): per token one kernel and one block-sum instead of several."""
+        ws = [self._weight(n, p) for n, p in zip(names, perms, strict=True)]
+        fused = _concat_rows(ws)
+        if fused is None:
+            return [self.linear(x, n, p) for n, p in zip(names, perms, strict=True)]
+        g = self.g
+        y = self._emit(x, fused, names[0].replace(".weight", "") + "_fused", None)
+        biases = [self._bias(n, p) for n, p in zip(names, perms, strict=True)]
+        if any(b is not None for b in biases):
+            full = np.concatenate(
+                [
+                    b if b is not None else np.zeros(w_n(w), np.float32)
+                    for b, w in zip(biases, ws, strict=True)
+                ]
+            )
+            y = g.op("Add", [y, g.init(names[0].replace(".weight", "_fused.bias"), full)])
+        sizes = g.const([w_n(w) for w in ws], np.int64)
+        outs = [g.name(n.replace(".weight", "")) for n in names]
+        g.nodes.append(g.h.make_node("Split", [y, sizes], outs, axis=-1, name=g.name("Split")))
+        return outs
 
     # -- blocks ------------------------------------------------------------------------------------------
     def rms_norm(self, x: str, weight_name: str) -> str:
+        # NOTE: the exact op sequence of a PyTorch export (Pow, ReduceMean, Add, Sqrt, Div, Mul, Mul): ORT and
+        # OpenVINO both recognize it and fuse it into one RMSNorm kernel.
         g = self.g
-        sq = g.op("Mul", [x, x])
-        ms = g.op("ReduceMean", [sq, g.const([-1], np.int64)], keepdims=1)
-        inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [ms, g.const(self.cfg.rms_eps)])])])
-        return g.op("Mul", [g.op("Mul", [x, inv]), g.init(weight_name, self.tensor(weight_name))])
+        ms = g.op("ReduceMean", [g.op("Pow", [x, g.const(2.0)]), g.const([-1], np.int64)], keepdims=1)
+        inv = g.op("Div", [g.const(1.0), g.op("Sqrt", [g.op("Add", [ms, g.const(self.cfg.rms_eps)])])])
+        return g.op("Mul", [g.init(weight_name, self.tensor(weight_name)), g.op("Mul", [x, inv])])
 
-    def rope_tables(self, positions: str, base: float) -> tuple[str, str]:
+    def rope_tables(self, positions: str, base: float) -> dict[str, str]:
+        """Per RoPE base, once per graph: full-width cos/sin [q, hd] for keys ([q, 1, hd]) and for queries
+        with the attention scale folded in (one multiply fewer per layer)."""
         g, hd = self.g, self.cfg.head_dim
         inv_freq = (1.0 / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(np.float32)
         pos = g.op("Cast", [positions], to=1)  # float32 [q]
         ang = g.op("Mul", [g.op("Unsqueeze", [pos, g.const([1], np.int64)]), g.const(inv_freq[None, :])])
-        return g.op("Cos", [ang]), g.op("Sin", [ang])  # [q, hd/2]
+        cos, sin = (g.op("Concat", [t, t], axis=-1) for t in (g.op("Cos", [ang]), g.op("Sin", [ang])))
+        scale, axis1 = g.const(self.cfg.attn_scale), g.const([1], np.int64)
+        return {
+            "cos_q": g.op("Mul", [cos, scale]),
+            "sin_q": g.op("Mul", [sin, scale]),
+            "cos_k": g.op("Unsqueeze", [cos, axis1]),
+            "sin_k": g.op("Unsqueeze", [sin, axis1]),
+        }
 
-    def rope(self, x: str, cos: str, sin: str) -> str:
-        g, half = self.g, self.cfg.head_dim // 2
-        x1 = g.op("Slice", [x, g.const([0], np.int64), g.const([half], np.int64), g.const([-1], np.int64)])
-        x2 = g.op(
-            "Slice", [x, g.const([half], np.int64), g.const([2 * half], np.int64), g.const([-1], np.int64)]
-        )
-        a = g.op("Sub", [g.op("Mul", [x1, cos]), g.op("Mul", [x2, sin])])
-        b = g.op("Add", [g.op("Mul", [x2, cos]), g.op("Mul", [x1, sin])])
-        return g.op("Concat", [a, b], axis=-1)
+    def rope(self, x: str, cos: str, sin: str, *, out: str | None = None) -> str:
+        """x * cos + rotate_half(x) * sin; rotate_half as a [hd, hd] signed permutation matmul (exact: one
+        nonzero term per output), 4 kernels instead of 9."""
+        g, hd = self.g, self.cfg.head_dim
+        half = hd // 2
+        rot = np.zeros((hd, hd), np.float32)
+        rot[np.arange(half) + half, np.arange(half)] = -1.0  # out[:half] = -x[half:]
+        rot[np.arange(half), np.arange(half) + half] = 1.0  # out[half:] = x[:half]
+        rotated = g.op("MatMul", [x, g.const(rot)])
+        return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])], out=out)
 
     def keys_t(self, t: str) -> str:
         """Slot-major K [1, n, kvh, hd] -> [1, kvh, 1, hd, n], ready to multiply grouped queries."""
@@ -189,7 +274,7 @@ class _Builder:
         )
 
     def layer(
-        self, i: int, x: str, positions: str, ropes: dict[float, tuple[str, str]], kinds: list[int]
+        self, i: int, x: str, positions: str, ropes: dict[float, dict[str, str]], kinds: list[int]
     ) -> str:
         cfg, g, t = self.cfg, self.g, self.cfg.traits
         p = f"blk.{i}."
@@ -198,14 +283,14 @@ class _Builder:
         base = cfg.rope_base_for(i)
         if base not in ropes:
             ropes[base] = self.rope_tables(positions, base)
-        cos, sin = ropes[base]
+        rt = ropes[base]
 
         xn = self.rms_norm(x, p + "attn_norm.weight")
         perm_q = _neox_perm(h, hd) if t.rope_style == "norm" else None
         perm_k = _neox_perm(kvh, hd) if t.rope_style == "norm" else None
-        q = self.linear(xn, p + "attn_q.weight", perm_q)
-        k = self.linear(xn, p + "attn_k.weight", perm_k)
-        v = self.linear(xn, p + "attn_v.weight")
+        q, k, v = self.linears(
+            xn, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [perm_q, perm_k, None]
+        )
         q = g.op(
             "Transpose",
             [g.op("Reshape", [q, g.const([1, -1, kvh, grp, hd], np.int64)])],
@@ -214,27 +299,25 @@ class _Builder:
         k = g.op(
             "Reshape", [k, g.const([1, -1, kvh, hd], np.int64)]
         )  # [1, q, kvh, hd]: slot-major, as cached
-        v = g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)])
+        v = g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)], out=f"new_value_{i}")
         if t.qk_norm:
             q = self.rms_norm(q, p + "attn_q_norm.weight")
             k = self.rms_norm(k, p + "attn_k_norm.weight")
-        q = self.rope(q, cos, sin)  # [1, kvh, grp, q, hd]
-        axis1, axis2 = g.const([1], np.int64), g.const([2], np.int64)
-        cos_k, sin_k = g.op("Unsqueeze", [cos, axis1]), g.op("Unsqueeze", [sin, axis1])  # [q, 1, hd/2]
-        k = g.op("Identity", [self.rope(k, cos_k, sin_k)], out=f"new_key_{i}")  # [1, q, kvh, hd]
-        v = g.op("Identity", [v], out=f"new_value_{i}")
+        qs = self.rope(q, rt["cos_q"], rt["sin_q"])  # [1, kvh, grp, q, hd], scaled
+        k = self.rope(k, rt["cos_k"], rt["sin_k"], out=f"new_key_{i}")  # [1, q, kvh, hd]
         # NOTE: attention is split into (past slots) and (new tokens) so the past is never concatenated
         # (copied) with the new K/V; the past is whatever prefix of the ring the caller binds.
-        qs = g.op("Mul", [q, g.const(cfg.attn_scale)])
         s_past = g.op("MatMul", [qs, self.keys_t(f"past_key_{i}")])  # [1, kvh, grp, q, L]
         s_new = g.op("MatMul", [qs, self.keys_t(k)])  # [1, kvh, grp, q, q]
         scores = g.op("Concat", [s_past, s_new], axis=-1)
-        scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kinds[i]}", axis2])])
+        scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kinds[i]}", g.const([2], np.int64)])])
         probs = g.op("Softmax", [scores], axis=-1)
-        n_past = g.op("Shape", [f"past_key_{i}"], start=1, end=2)
-        last = g.const([-1], np.int64)
-        p_past = g.op("Slice", [probs, g.const([0], np.int64), n_past, last])
-        p_new = g.op("Slice", [probs, n_past, g.const([2**62], np.int64), last])
+        p_past, p_new = g.name("p_past"), g.name("p_new")
+        g.nodes.append(
+            g.h.make_node(
+                "Split", [probs, f"split_{kinds[i]}"], [p_past, p_new], axis=-1, name=g.name("Split")
+            )
+        )
         ctx = g.op(
             "Add",
             [
@@ -251,8 +334,8 @@ class _Builder:
         x = g.op("Add", [x, attn])
 
         xn = self.rms_norm(x, p + "ffn_norm.weight")
-        act = self.activation(self.linear(xn, p + "ffn_gate.weight"))
-        mlp = self.linear(g.op("Mul", [act, self.linear(xn, p + "ffn_up.weight")]), p + "ffn_down.weight")
+        gate, up = self.linears(xn, [p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
+        mlp = self.linear(g.op("Mul", [self.activation(gate), up]), p + "ffn_down.weight")
         if t.post_norms:
             mlp = self.rms_norm(mlp, p + "post_ffw_norm.weight")
         return g.op("Add", [x, mlp])
@@ -280,7 +363,11 @@ class _Builder:
             helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, "q", f"past{k}_plus_q"]) for k in used_kinds
         ]
         outputs = []
-        ropes: dict[float, tuple[str, str]] = {}
+        ropes: dict[float, dict[str, str]] = {}
+        for k in used_kinds:  # [L_k, q] from the mask's shape, for splitting attention probabilities
+            n_all = g.op("Shape", [f"mask_{k}"], start=3, end=4)
+            n_new = g.op("Shape", ["positions"])
+            g.op("Concat", [g.op("Sub", [n_all, n_new]), n_new], axis=0, out=f"split_{k}")
         x = "hidden"
         for i in range(opts.first_layer, last):
             past = f"past{kinds[i]}"
@@ -297,7 +384,7 @@ class _Builder:
             xn = self.rms_norm(x, "output_norm.weight")
             rows = g.op("Gather", [xn, "logit_rows"], axis=1)
             head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
-            g.op("Identity", [self.linear(rows, head)], out="logits")
+            g.op("Identity", [self.linear(rows, head, accuracy=opts.head_accuracy_level)], out="logits")
             outputs.insert(0, helper.make_tensor_value_info("logits", F, [1, "r", cfg.n_vocab]))
         else:
             g.op("Identity", [x], out="hidden_out")
