@@ -22,7 +22,9 @@ def _cpuinfo_flags() -> set[str]:
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs Linux /proc/cpuinfo")
 def test_devices_json_matches_the_machine() -> None:
-    out = subprocess.run([sys.executable, "-m", "edge.cli", "devices", "--json"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "devices", "--json"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     inv = json.loads(out.stdout)
     flags = _cpuinfo_flags()
