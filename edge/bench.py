@@ -1,0 +1,328 @@
+"""`edge bench`: speed and memory of backends on one model, measured side by side on the `Decoder` contract.
+
+Backends run interleaved (A B A B ...) over the rounds, so drift of a noisy machine hits all of them alike.
+Each round loads the backend afresh, prefills a fixed prompt (TTFT = prefill + choosing the first token)
+and decodes `gen_tokens` greedy single-token forwards (EOS is ignored: this measures speed, not text).
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from devices.discovery import discover
+from devices.registry import DecoderOptions, open_decoder, require_backend
+from edge import __version__
+from edge.data import read_text
+from edge.errors import EdgeError
+from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
+from models.gguf_file import open_gguf
+from models.store import resolve_model
+from models.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["BenchConfig", "BenchReport", "Stat", "bench_prompt", "run_bench", "total_steps"]
+
+RSS_METHOD = (
+    "in-process: psutil RSS sampled every 20 ms by a thread from just before the load to the close, "
+    "plus at each phase boundary; peak_rss_mb is the process peak in that window, rss_growth_mb is that "
+    "peak minus the RSS just before the load (what the backend itself costs, weights mapped in included)"
+)
+LOAD_NOTE = (
+    "load_cold_s is the first load of the backend in this process (the model file may already be in the OS "
+    "page cache); load_s is the median of the later (warm) loads, or the cold one when --repeat 1"
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    backends: tuple[str, ...] = ("llamacpp",)
+    against: str = "llamacpp"
+    device: str = "cpu"
+    prompt_tokens: int = 128
+    gen_tokens: int = 128
+    repeat: int = 5
+    threads: int | None = None  # None: the backend's default (physical cores)
+
+    def __post_init__(self) -> None:
+        if not self.backends:
+            raise ValueError("--backends must name at least one backend")
+        if len(set(self.backends)) != len(self.backends):
+            raise ValueError(f"--backends lists a backend twice: {','.join(self.backends)}")
+        if self.against not in self.backends:
+            raise ValueError(f"--against {self.against} is not in --backends {','.join(self.backends)}")
+        for name, value in (
+            ("prompt-tokens", self.prompt_tokens),
+            ("gen-tokens", self.gen_tokens),
+            ("repeat", self.repeat),
+        ):
+            if value < 1:
+                raise ValueError(f"--{name} must be >= 1 (got {value})")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be >= 1 (got {self.threads})")
+
+    @property
+    def n_ctx(self) -> int:
+        """Context for the run: prompt + generated tokens, rounded up to 256 (KV size affects load and RSS)."""
+        need = self.prompt_tokens + self.gen_tokens + 1
+        return -(-need // 256) * 256
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One backend in one round."""
+
+    load_s: float
+    ttft_ms: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    peak_rss_mb: float
+    rss_growth_mb: float
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    min: float
+    max: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Stat:
+        return Stat(statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True)
+class BackendResult:
+    backend: str
+    device: str
+    load_cold_s: float
+    load_s: Stat  # warm loads (the cold one when there is a single round)
+    ttft_ms: Stat
+    prefill_tok_s: Stat
+    decode_tok_s: Stat
+    peak_rss_mb: Stat
+    rss_growth_mb: Stat
+    samples: tuple[Sample, ...]
+
+    def to_dict(self, against: BackendResult, bound_tok_s: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.backend, "device": self.device, "rounds": len(self.samples)}
+        out["load_cold_s"] = round(self.load_cold_s, 4)
+        for name, stat, digits in (
+            ("load_s", self.load_s, 4),
+            ("ttft_ms", self.ttft_ms, 2),
+            ("prefill_tok_s", self.prefill_tok_s, 2),
+            ("decode_tok_s", self.decode_tok_s, 2),
+            ("peak_rss_mb", self.peak_rss_mb, 1),
+            ("rss_growth_mb", self.rss_growth_mb, 1),
+        ):
+            out[name] = round(stat.median, digits)
+            out[f"{name}_min"] = round(stat.min, digits)
+            out[f"{name}_max"] = round(stat.max, digits)
+        out["ratio_decode"] = round(self.decode_tok_s.median / against.decode_tok_s.median, 4)
+        out["ratio_prefill"] = round(self.prefill_tok_s.median / against.prefill_tok_s.median, 4)
+        out["ratio_ttft"] = round(self.ttft_ms.median / against.ttft_ms.median, 4)
+        out["decode_roofline_fraction"] = round(self.decode_tok_s.median / bound_tok_s, 4)
+        out["samples"] = {
+            k: [round(getattr(s, k), 4) for s in self.samples] for k in Sample.__dataclass_fields__
+        }
+        return out
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    model: str
+    path: str
+    config: BenchConfig
+    machine: dict[str, Any]
+    results: tuple[BackendResult, ...]
+    roofline: dict[str, Any]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def against(self) -> BackendResult:
+        return next(r for r in self.results if r.backend == self.config.against)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.config
+        bound = float(self.roofline["bound_tok_s"])
+        return {
+            "model": self.model,
+            "file": self.path,
+            "edge_version": __version__,
+            "settings": {
+                "backends": list(c.backends),
+                "against": c.against,
+                "device": c.device,
+                "prompt_tokens": c.prompt_tokens,
+                "gen_tokens": c.gen_tokens,
+                "repeat": c.repeat,
+                "threads": self.machine["threads"],
+                "n_ctx": c.n_ctx,
+                "order": "interleaved: each round runs every backend once, in the order given",
+            },
+            "machine": self.machine,
+            "results": [r.to_dict(self.against, bound) for r in self.results],
+            "roofline": self.roofline,
+            "notes": self.notes,
+        }
+
+
+def bench_prompt(tokenizer: Tokenizer, n: int) -> list[int]:
+    """Exactly n token ids from the shipped text (BOS first when the model wants one), cycled if needed."""
+    text_ids = tokenizer.encode(read_text(), parse_special=False)
+    if not text_ids:
+        raise EdgeError("the shipped benchmark text encodes to no tokens")
+    head = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    body: list[int] = []
+    while len(head) + len(body) < n:
+        body.extend(text_ids)
+    return (head + body)[:n]
+
+
+class _PeakRss:
+    """Peak RSS of this process while active, sampled by a thread (ctypes calls release the GIL)."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self._proc = psutil.Process()
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self.baseline = self.peak = self._proc.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _measure(backend: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sample:
+    opts = DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+    with _PeakRss() as rss:
+        t0 = time.perf_counter()
+        dec = open_decoder(backend, path, cfg.device, opts)
+        load_s = time.perf_counter() - t0
+        try:
+            rss.sample()
+            t0 = time.perf_counter()
+            logits = dec.forward(prompt, last_only=True)
+            t_prefill = time.perf_counter() - t0
+            token = int(np.argmax(logits[-1]))
+            ttft = time.perf_counter() - t0
+            rss.sample()
+            t0 = time.perf_counter()
+            for _ in range(cfg.gen_tokens):
+                token = int(np.argmax(dec.forward([token], last_only=True)[-1]))
+            t_decode = time.perf_counter() - t0
+            rss.sample()
+        finally:
+            dec.close()
+    mb = 2**20
+    return Sample(
+        load_s=load_s,
+        ttft_ms=ttft * 1e3,
+        prefill_tok_s=len(prompt) / t_prefill,
+        decode_tok_s=cfg.gen_tokens / t_decode,
+        peak_rss_mb=rss.peak / mb,
+        rss_growth_mb=(rss.peak - rss.baseline) / mb,
+    )
+
+
+def machine_info(threads: int | None) -> dict[str, Any]:
+    inv = discover()
+    cpu = inv.cpu
+    return {
+        "cpu": cpu.model,
+        "arch": cpu.arch,
+        "physical_cores": cpu.physical_cores,
+        "logical_cores": cpu.logical_cores,
+        "threads": threads or cpu.physical_cores,
+        "isa": [k for k, v in cpu.isa.items() if v],
+        "memory_total_mb": inv.memory_total_mb,
+        "memory_available_mb": inv.memory_available_mb,
+        "os": inv.os,
+        "versions": {
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "edge": __version__,
+            **{b.name: b.version for b in inv.backends if b.available},
+        },
+        "backends_unavailable": {b.name: b.reason for b in inv.backends if not b.available},
+    }
+
+
+def total_steps(cfg: BenchConfig) -> int:
+    """Steps `run_bench` announces through `on_step`: the bandwidth measurement, then backends x rounds."""
+    return 1 + cfg.repeat * len(cfg.backends)
+
+
+def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] | None = None) -> BenchReport:
+    """Measure every backend `cfg.repeat` times, interleaved; `on_step(what, steps_done)` before each step."""
+    step = on_step or (lambda _what, _done: None)
+    for b in cfg.backends:  # fail before measuring anything
+        require_backend(b)
+    path = resolve_model(model)
+    gguf = open_gguf(path)
+    prompt = bench_prompt(load_tokenizer(gguf.metadata), cfg.prompt_tokens)
+    machine = machine_info(cfg.threads)
+    load_start = round(psutil.getloadavg()[0], 2)
+
+    step("memory bandwidth", 0)
+    weights = weight_bytes_per_token(gguf)
+    bw = measure_read_bandwidth(machine["threads"])
+    samples: dict[str, list[Sample]] = {b: [] for b in cfg.backends}
+    for r in range(cfg.repeat):
+        for b in cfg.backends:
+            step(f"round {r + 1}/{cfg.repeat} {b}", 1 + r * len(cfg.backends) + cfg.backends.index(b))
+            samples[b].append(_measure(b, path, prompt, cfg))
+
+    # Other work on the machine skews every figure; the load average says how busy it was.
+    machine["load_avg_1m"] = {"start": load_start, "end": round(psutil.getloadavg()[0], 2)}
+    results = []
+    for b, ss in samples.items():
+        warm = [s.load_s for s in ss[1:]] or [ss[0].load_s]
+        results.append(
+            BackendResult(
+                backend=b,
+                device=cfg.device,
+                load_cold_s=ss[0].load_s,
+                load_s=Stat.of(warm),
+                ttft_ms=Stat.of([s.ttft_ms for s in ss]),
+                prefill_tok_s=Stat.of([s.prefill_tok_s for s in ss]),
+                decode_tok_s=Stat.of([s.decode_tok_s for s in ss]),
+                peak_rss_mb=Stat.of([s.peak_rss_mb for s in ss]),
+                rss_growth_mb=Stat.of([s.rss_growth_mb for s in ss]),
+                samples=tuple(ss),
+            )
+        )
+    bound = bw.gb_s * 1e9 / weights.bytes_per_token
+    roofline = {
+        "bandwidth_gb_s": round(bw.gb_s, 2),
+        "bandwidth_median_gb_s": round(bw.median_gb_s, 2),
+        "bandwidth_single_thread_gb_s": round(bw.single_thread_gb_s, 2),
+        "bandwidth_method": bw.method,
+        "weight_bytes_per_token": weights.bytes_per_token,
+        "total_tensor_bytes": weights.total_tensor_bytes,
+        "excluded_tensors": list(weights.excluded),
+        "weights_note": weights.note + "; KV-cache reads not counted",
+        "bound_tok_s": round(bound, 1),
+    }
+    notes = {"rss": RSS_METHOD, "load": LOAD_NOTE}
+    return BenchReport(model, str(path), cfg, machine, tuple(results), roofline, notes)

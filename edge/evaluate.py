@@ -1,0 +1,130 @@
+"""`edge eval`: how far a backend's next-token distributions are from a reference backend's on a text.
+
+Both decoders are teacher-forced over the same token ids in lockstep, a chunk at a time, so only two
+[chunk, vocab] logit blocks are alive at once (not [N, vocab] twice) and per-token results are O(N) floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from devices.base import Decoder
+from devices.registry import DecoderOptions, open_decoder, require_backend
+from edge.data import read_text
+from edge.errors import EdgeError
+from edge.metrics import EvalMetrics, RowStats, compare_rows, summarize
+from models.gguf_file import open_gguf
+from models.store import resolve_model
+from models.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["EvalConfig", "EvalResult", "evaluate"]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    backend: str = "llamacpp"
+    reference: str = "llamacpp"
+    device: str = "cpu"
+    tokens: int = 1024  # tokens of the text to score
+    text: Path | None = None  # None: the shipped eval.txt
+    chunk: int = 128  # tokens per forward; bounds the logits held: 2 x chunk x vocab x 4 bytes
+    max_ctx: int = 2048  # longer texts run in windows of this many tokens, the KV reset between them
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1:
+            raise ValueError(f"--tokens must be >= 1 (got {self.tokens})")
+        if self.chunk < 1 or self.max_ctx < 2:
+            raise ValueError("chunk must be >= 1 and max_ctx >= 2")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    model: str
+    backend: str
+    reference: str
+    text: str
+    metrics: EvalMetrics
+
+    def to_dict(self) -> dict[str, Any]:
+        m = asdict(self.metrics)
+        return {
+            "model": self.model,
+            "backend": self.backend,
+            "reference": self.reference,
+            **m,
+            "text": self.text,
+        }
+
+
+def text_ids(tokenizer: Tokenizer, text: str, n: int) -> list[int]:
+    """BOS (when the model wants one) + the first n tokens of the text: n predictions to score."""
+    ids = tokenizer.encode(text, parse_special=False)
+    head = [tokenizer.bos_id] if tokenizer.add_bos and tokenizer.bos_id is not None else []
+    # Without a BOS the first text token is context only, so one more is read to still score n.
+    need = n if head else n + 1
+    if len(ids) < need:
+        most = len(ids) if head else len(ids) - 1
+        raise EdgeError(
+            f"the text has only {len(ids)} tokens, too few to score --tokens {n}",
+            hint=f"pass --tokens {max(most, 1)} or a longer --text",
+        )
+    return head + ids[:need]
+
+
+def _context_length(metadata: dict[str, Any]) -> int | None:
+    value = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return int(value) if isinstance(value, int) else None
+
+
+def evaluate(
+    model: str, cfg: EvalConfig, on_progress: Callable[[int, int], None] | None = None
+) -> EvalResult:
+    """Teacher-force both decoders over the text; `on_progress(done, total)` after each chunk."""
+    require_backend(cfg.reference)
+    require_backend(cfg.backend)
+    path = resolve_model(model)
+    gguf = open_gguf(path)
+    ids = text_ids(load_tokenizer(gguf.metadata), read_text(cfg.text), cfg.tokens)
+    window = min(len(ids), cfg.max_ctx, _context_length(gguf.metadata) or cfg.max_ctx)
+    opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads)
+    ref = open_decoder(cfg.reference, path, cfg.device, opts)
+    try:
+        test = open_decoder(cfg.backend, path, cfg.device, opts)
+        try:
+            rows = _teacher_force(ref, test, ids, window, cfg.chunk, on_progress)
+        finally:
+            test.close()
+    finally:
+        ref.close()
+    text = str(cfg.text) if cfg.text is not None else "edge/data/eval.txt"
+    return EvalResult(model, cfg.backend, cfg.reference, text, summarize(rows))
+
+
+def _teacher_force(
+    ref: Decoder,
+    test: Decoder,
+    ids: list[int],
+    window: int,
+    chunk: int,
+    on_progress: Callable[[int, int], None] | None,
+) -> list[RowStats]:
+    """Row j of the logits predicts ids[j + 1]; every id but the first is scored once."""
+    if ref.vocab_size != test.vocab_size:
+        raise EdgeError(f"vocab sizes differ: reference {ref.vocab_size}, test {test.vocab_size}")
+    total = len(ids) - 1
+    rows: list[RowStats] = []
+    for start in range(0, total, window):
+        ref.reset()
+        test.reset()
+        end = min(start + window, total)
+        for s in range(start, end, chunk):
+            e = min(s + chunk, end)
+            block = ids[s:e]
+            rows.append(compare_rows(ref.forward(block), test.forward(block), ids[s + 1 : e + 1]))
+            if on_progress is not None:
+                on_progress(e, total)
+    return rows

@@ -1,0 +1,115 @@
+"""`edge bench` and `edge eval` through the CLI, plus the roofline's parts on tiny files."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from edge.bench import BenchConfig
+from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
+from models.gguf_file import open_gguf
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _edge(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edge.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _write_gguf(path: Path, *, tied: bool) -> Path:
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))  # 128 bytes
+    w.add_tensor("blk.0.attn_q.weight", np.ones((4, 4), dtype=np.float16))  # 32 bytes
+    if not tied:
+        w.add_tensor("output.weight", np.ones((8, 4), dtype=np.float16), raw_dtype=GGMLQuantizationType.F16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_weight_bytes_exclude_the_embedding_only_when_a_head_exists(tmp_path: Path) -> None:
+    tied = weight_bytes_per_token(open_gguf(_write_gguf(tmp_path / "tied.gguf", tied=True)))
+    assert (tied.bytes_per_token, tied.total_tensor_bytes, tied.excluded) == (160, 160, ())
+    untied = weight_bytes_per_token(open_gguf(_write_gguf(tmp_path / "untied.gguf", tied=False)))
+    assert untied.total_tensor_bytes == 160 + 64
+    assert untied.bytes_per_token == 32 + 64
+    assert untied.excluded == ("token_embd.weight",)
+
+
+def test_read_bandwidth_is_measured() -> None:
+    bw = measure_read_bandwidth(2, array_mb=64, repeats=2)
+    assert 0.1 < bw.gb_s < 10_000 and 0.1 < bw.single_thread_gb_s < 10_000
+    with pytest.raises(ValueError):
+        measure_read_bandwidth(0)
+
+
+def test_bench_config_is_checked() -> None:
+    with pytest.raises(ValueError, match="against"):
+        BenchConfig(backends=("llamacpp",), against="ort")
+    with pytest.raises(ValueError, match="repeat"):
+        BenchConfig(repeat=0)
+    assert BenchConfig(prompt_tokens=128, gen_tokens=128).n_ctx == 512
+
+
+def test_unrunnable_backend_is_one_clear_line() -> None:
+    out = _edge("bench", "smollm2-135m", "--backends", "llamacpp,openvino", "--repeat", "1")
+    assert out.returncode == 1
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "'openvino'" in out.stderr and "runnable backends: llamacpp" in out.stderr
+
+
+@pytest.mark.slow
+def test_bench_tiny_real_run(tmp_path: Path) -> None:
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    out = _edge(
+        "bench", "smollm2-135m", "--repeat", "1", "--prompt-tokens", "16", "--gen-tokens", "8",
+        "--json", str(js), "--plot", str(png),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "llamacpp" in out.stdout  # the table
+    report = json.loads(js.read_text())
+    assert {"model", "machine", "results", "roofline", "settings"} <= report.keys()
+    assert report["model"] == "smollm2-135m"
+    assert report["machine"]["cpu"] and report["machine"]["physical_cores"] >= 1
+    assert report["settings"]["prompt_tokens"] == 16 and report["settings"]["gen_tokens"] == 8
+    (r,) = report["results"]
+    assert (r["backend"], r["device"], r["rounds"]) == ("llamacpp", "cpu", 1)
+    for key in ("load_s", "ttft_ms", "prefill_tok_s", "decode_tok_s", "peak_rss_mb"):
+        assert r[f"{key}_min"] <= r[key] <= r[f"{key}_max"], key
+        assert math.isfinite(r[key]) and r[key] > 0, key
+    assert r["ratio_decode"] == 1.0 and r["ratio_prefill"] == 1.0
+    assert 0 < r["decode_roofline_fraction"] < 1.5
+    assert r["peak_rss_mb"] > 50  # the weights alone are ~97 MB once mapped in
+    roof = report["roofline"]
+    assert roof["bandwidth_gb_s"] > 0 and roof["weight_bytes_per_token"] > 50e6
+    assert roof["bound_tok_s"] == pytest.approx(
+        roof["bandwidth_gb_s"] * 1e9 / roof["weight_bytes_per_token"], rel=0.01
+    )
+    data = png.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+
+
+@pytest.mark.slow
+def test_eval_of_llamacpp_against_itself_is_exact() -> None:
+    args = ("eval", "smollm2-135m", "--backend", "llamacpp", "--reference", "llamacpp", "--tokens", "128")
+    out = _edge(*args, "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    keys = {"model", "backend", "reference", "tokens", "ppl", "ppl_ref", "kl_mean", "kl_p99", "top1_agree"}
+    assert keys | {"rms_dp"} <= r.keys()
+    assert r["tokens"] == 128
+    assert abs(r["kl_mean"]) < 1e-6 and abs(r["kl_p99"]) < 1e-6
+    assert r["top1_agree"] == 1.0 and r["rms_dp"] == 0.0
+    assert r["ppl"] == r["ppl_ref"]
+    assert 1 < r["ppl"] < 200
