@@ -27,3 +27,10 @@ class Decoder(Protocol):
     def reset(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def rollback_limit(decoder: Decoder) -> int | None:
+    """Tokens `decoder.rollback` can always undo; None: no limit. A backend with a bounded undo log (the
+    ring-buffer KV of GraphDecoder) publishes it as `max_rollback`; llama.cpp's KV cache has none."""
+    limit = getattr(decoder, "max_rollback", None)
+    return None if limit is None else int(limit)

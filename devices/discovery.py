@@ -199,6 +199,8 @@ PROBES: dict[str, Callable[[], BackendStatus]] = {
 def discover(backends: tuple[str, ...] = tuple(PROBES)) -> Inventory:
     statuses = []
     for name in backends:
+        if name not in PROBES:  # unknown names are the caller's to report (placement lists the known ones)
+            continue
         try:
             statuses.append(PROBES[name]())
         except Exception as exc:  # a broken SDK install must not take discovery down

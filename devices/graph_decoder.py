@@ -19,15 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from devices.runners import RUNNERS, Runner, RunnerOptions
-from edge.errors import ContextOverflowError, DeviceError
+from edge.errors import ContextOverflowError, DeviceError, EdgeError, ModelFormatError
 from kvcache import LayerSpec, RingKVCache
-from models.arch import ArchConfig
+from models.arch import ArchConfig, check_tensor_shapes
 from models.gguf_file import GGUFFile
+from models.onnx_safety import check_onnx_file
 from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
 
 _SLOT_GRAIN = 32
-GRAPH_FORMAT = 5  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 6  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
@@ -45,28 +46,57 @@ class GraphOptions:
     accuracy_level: int = 0
     head_accuracy_level: int | None = None
     static_shapes: bool = False  # bind every KV slot each step (what static-shape devices need)
+    fuse: bool = (
+        True  # graph_opt's fusion passes for the backend (graph_opt/pipeline.py), weights as imported
+    )
 
 
-def _graph_dir(gguf: GGUFFile, build: BuildOptions) -> Path:
+def _graph_dir(gguf: GGUFFile, build: BuildOptions, fused_for: str | None = None) -> Path:
     st = gguf.path.stat()
     key = json.dumps(
-        [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, asdict(build)], sort_keys=True
+        [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, asdict(build)]
+        + ([f"fused:{fused_for}"] if fused_for else []),
+        sort_keys=True,
     )
     return cache_dir() / "graphs" / hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
-def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions) -> Path:
-    """Path of the cached ONNX graph for (file, options); built and written atomically when missing."""
+def _files_record(folder: Path) -> dict[str, int]:
+    return {
+        f: (folder / f).stat().st_size for f in ("model.onnx", "model.onnx.data") if (folder / f).exists()
+    }
+
+
+def _entry_is_whole(folder: Path) -> bool:
+    """A cache entry is used only when its DONE marker lists the sizes its files still have, and the graph
+    parses with every external tensor in range: a cut-short or tampered entry is rebuilt, not loaded."""
+    try:
+        done = json.loads((folder / "DONE").read_text())
+        if not isinstance(done, dict) or done.get("files") != _files_record(folder):
+            return False
+        check_onnx_file(folder / "model.onnx")
+    except (OSError, ValueError, ModelFormatError):
+        return False
+    return True
+
+
+def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions, fused_for: str | None = None) -> Path:
+    """Path of the cached ONNX graph for (file, options); built and written atomically when missing or
+    damaged (the build goes to a temporary folder renamed into place, so a killed build leaves no entry)."""
     import onnx
 
-    final = _graph_dir(gguf, build)
+    final = _graph_dir(gguf, build, fused_for)
     model_path = final / "model.onnx"
-    if model_path.is_file() and (final / "DONE").is_file():
+    if _entry_is_whole(final):
         return model_path
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:
         model = build_decoder(gguf, cfg, build)
+        if fused_for is not None:  # graph_opt's fusions for that backend; weights and lowering kept
+            from graph_opt import fuse_proto
+
+            model = fuse_proto(model, fused_for)
         onnx.save_model(
             model,
             tmp / "model.onnx",
@@ -74,7 +104,7 @@ def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions) -> Path:
             location="model.onnx.data",
             size_threshold=1024,
         )
-        (tmp / "DONE").write_text(gguf.path.name)
+        (tmp / "DONE").write_text(json.dumps({"source": gguf.path.name, "files": _files_record(tmp)}))
         if final.exists():  # an interrupted or stale build: replace it whole
             shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -94,6 +124,7 @@ class GraphDecoder:
             )
         self.options = opts
         self.cfg = cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+        check_tensor_shapes(cfg, {name: t.shape for name, t in gguf.tensors.items()})
         self.backend, self.device = opts.backend, opts.device
         self.vocab_size = cfg.n_vocab
         kinds = layer_kinds(cfg)
@@ -117,7 +148,7 @@ class GraphDecoder:
             accuracy_level=opts.accuracy_level,
             head_accuracy_level=opts.head_accuracy_level,
         )
-        model_path = ensure_graph(gguf, cfg, build)
+        model_path = ensure_graph(gguf, cfg, build, opts.backend if opts.fuse else None)
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.exact, model_path.parent)
         self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)
@@ -131,6 +162,11 @@ class GraphDecoder:
     @property
     def position(self) -> int:
         return self.cache.position
+
+    @property
+    def max_rollback(self) -> int:
+        """Tokens rollback() can always undo: the ring's undo log keeps only this many (speculation caps k)."""
+        return self.cache.max_rollback
 
     def _bound_slots(self, layer: int) -> int:
         """Past slots to bind for a layer's kind: all of them for static shapes, else the occupied prefix
@@ -164,7 +200,18 @@ class GraphDecoder:
             # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
             feeds[f"past_key_{i}"] = cache.keys[i][:, :n]
             feeds[f"past_value_{i}"] = cache.values[i][:, :n]
-        out = self.runner.run(feeds, self._outputs)
+        runner = self.runner
+        if runner is None:
+            raise DeviceError("the graph decoder is closed", hint="load the model again")
+        try:
+            out = runner.run(feeds, self._outputs)
+        except EdgeError:
+            raise
+        except Exception as exc:  # the backend failed mid-run (device lost, driver error): nothing committed
+            raise DeviceError(
+                f"{self.backend} failed on {self.device} at position {cache.position}: {type(exc).__name__}: {exc}",
+                hint="reset() and retry, or load the model again (on another device)",
+            ) from exc
         cache.commit(out[1::2], out[2::2])
         return out[0][0]  # [r, vocab]
 
@@ -200,4 +247,6 @@ class GraphDecoder:
             self.cache.reset()
 
     def close(self) -> None:
-        self.runner = None  # type: ignore[assignment]
+        runner, self.runner = self.runner, None  # type: ignore[assignment]
+        if runner is not None:
+            runner.close()

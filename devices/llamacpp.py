@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,37 @@ def _import_llama_cpp():  # type: ignore[no-untyped-def]
     return llama_cpp
 
 
+_LOAD_LOCK = threading.Lock()
+
+
+class _NoChatFormatter:
+    """Stands in for llama-cpp-python's Jinja2ChatFormatter while a model loads (see _no_template_compile)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def to_chat_handler(self) -> object:
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise BackendUnavailableError("llama-cpp-python's chat API is not used by edge")
+
+        return refuse
+
+
+@contextlib.contextmanager
+def _no_template_compile(llama_cpp: object) -> Iterator[None]:
+    """llama-cpp-python compiles every chat template of the file when a model loads (for its chat API, which
+    edge does not use) in a jinja2 sandbox without limits: `{{ 'x' * 800000000 }}` is folded at compile time
+    (3 GB, 8 s), a deep nesting raises a bare SyntaxError. edge renders templates itself, within limits."""
+    fmt = llama_cpp.llama_chat_format  # type: ignore[attr-defined]
+    with _LOAD_LOCK:
+        saved = fmt.Jinja2ChatFormatter
+        fmt.Jinja2ChatFormatter = _NoChatFormatter
+        try:
+            yield
+        finally:
+            fmt.Jinja2ChatFormatter = saved
+
+
 class LlamaCppDecoder:
     """`Decoder` on llama.cpp. Rollback removes KV cells through llama.cpp's sequence API."""
 
@@ -50,18 +82,19 @@ class LlamaCppDecoder:
 
         threads = opts.n_threads or psutil.cpu_count(logical=False) or 1
         try:
-            self._llama = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=opts.n_ctx,
-                n_batch=opts.n_batch,
-                n_ubatch=opts.n_batch,
-                n_threads=threads,
-                n_threads_batch=threads,
-                n_gpu_layers=-1 if opts.device == "gpu" else 0,
-                logits_all=False,
-                seed=opts.seed,
-                verbose=False,
-            )
+            with _no_template_compile(llama_cpp):
+                self._llama = llama_cpp.Llama(
+                    model_path=str(path),
+                    n_ctx=opts.n_ctx,
+                    n_batch=opts.n_batch,
+                    n_ubatch=opts.n_batch,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    n_gpu_layers=-1 if opts.device == "gpu" else 0,
+                    logits_all=False,
+                    seed=opts.seed,
+                    verbose=False,
+                )
         except ValueError as exc:  # llama-cpp-python's way of saying the model did not load
             raise ModelFormatError(
                 f"llama.cpp could not load {path}: {exc}",
@@ -78,7 +111,13 @@ class LlamaCppDecoder:
         self.n_batch = opts.n_batch
         self.position = 0
 
+    def _check_open(self) -> None:
+        # NOTE: llama.cpp's context is freed by close(); touching it afterwards is a segfault, not an error
+        if self._llama is None:
+            raise DeviceError("the llama.cpp model is closed", hint="load the model again")
+
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        self._check_open()
         toks = [int(t) for t in tokens]
         if not toks:
             raise ValueError("forward needs at least one token")
@@ -91,6 +130,7 @@ class LlamaCppDecoder:
         if bad:
             raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
         with self._lock:
+            self._check_open()  # again under the lock: close() may have run meanwhile
             rows: list[np.ndarray] = []
             for i in range(0, len(toks), self.n_batch):
                 chunk = toks[i : i + self.n_batch]
@@ -115,19 +155,22 @@ class LlamaCppDecoder:
         if n == 0:
             return
         with self._lock:
+            self._check_open()
             self.position -= n
             self._ctx.kv_cache_seq_rm(-1, self.position, -1)
 
     def reset(self) -> None:
         with self._lock:
+            self._check_open()
             self._ctx.kv_cache_clear()
             self.position = 0
 
     def close(self) -> None:
         llama = getattr(self, "_llama", None)
         if llama is not None:
-            llama.close()
-            self._llama = None  # type: ignore[assignment]
+            with self._lock:  # not while another thread is inside decode
+                self._llama = None  # type: ignore[assignment]
+                llama.close()
 
     def __enter__(self) -> LlamaCppDecoder:
         return self

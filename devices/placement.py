@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from devices.discovery import Inventory
+from devices.registry import BACKENDS
 from edge.errors import BackendUnavailableError, DeviceError
 
 DEVICE_KINDS = ("cpu", "gpu", "npu")
 # Backends this version can run a model on; the others are discovered but have no Decoder yet.
-RUNNABLE_BACKENDS = ("llamacpp",)
+RUNNABLE_BACKENDS = tuple(BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,8 @@ def place(inventory: Inventory, *, backend: str | None, device: str, fallback: b
         )
     if device.startswith("hetero:"):
         raise DeviceError(
-            "heterogeneous placement needs the own graph engine, which this version does not have",
-            hint="use --device cpu",
+            "heterogeneous placement (partitions on several devices) is not in this version of edge",
+            hint="use --device cpu with --backend llamacpp, ort or openvino",
         )
     kinds = _usable(inventory, backend)
     if device == "auto":

@@ -26,12 +26,39 @@ BackendFactory = Callable[[Path, str, DecoderOptions], Decoder]
 
 def _llamacpp(path: Path, device: str, opts: DecoderOptions) -> Decoder:
     from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+    from models.artifact import is_artifact, open_artifact
 
+    if is_artifact(path):  # an `edge convert` artifact: llama.cpp runs the GGUF it was converted from
+        path = open_artifact(path).source_path()
     return LlamaCppDecoder(path, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device))
 
 
+def _graph(backend: str) -> BackendFactory:
+    def factory(path: Path, device: str, opts: DecoderOptions) -> Decoder:
+        from devices.graph_decoder import GraphDecoder, GraphOptions
+        from models.artifact import is_artifact
+        from models.gguf_file import open_gguf
+
+        if is_artifact(path):  # `edge convert` output: its partitions, all on this backend
+            from devices.partitioned import PartitionedOptions, open_artifact_decoder
+
+            popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads)
+            return open_artifact_decoder(path, backend, device=device, options=popts)
+        # exact fp32 body; only the lm_head lets ORT quantize activations (its 8-bit kernels are slow otherwise)
+        graph = GraphOptions(
+            backend=backend, device=device, capacity=opts.n_ctx, threads=opts.n_threads, head_accuracy_level=4
+        )
+        return GraphDecoder(open_gguf(path), graph)
+
+    return factory
+
+
 # Backends that can run a model today.
-BACKENDS: dict[str, BackendFactory] = {"llamacpp": _llamacpp}
+BACKENDS: dict[str, BackendFactory] = {
+    "llamacpp": _llamacpp,
+    "ort": _graph("ort"),
+    "openvino": _graph("openvino"),
+}
 # Backends edge knows of (discovery probes them) but has no Decoder for yet.
 KNOWN_BACKENDS = ("llamacpp", "ort", "openvino", "coreml")
 

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from edge.errors import BackendUnavailableError, DeviceError
+from models.onnx_safety import check_onnx_file
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,15 @@ class Runner(Protocol):
     device: str
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+def _closed(backend: str, device: str) -> DeviceError:
+    return DeviceError(
+        f"the {backend} session on {device} is closed (the device went away or the model was closed)",
+        hint="load the model again",
+    )
 
 
 def _threads(opts: RunnerOptions) -> int:
@@ -57,6 +67,7 @@ class OrtRunner:
                 f"onnxruntime has no provider for {opts.device} here (providers: {have})",
                 hint="use --device cpu",
             )
+        check_onnx_file(model_path)  # external data inside the graph's folder, before ORT opens it
         so = ort.SessionOptions()
         so.intra_op_num_threads = _threads(opts)
         so.inter_op_num_threads = 1
@@ -71,6 +82,8 @@ class OrtRunner:
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
         b = self._binding
+        if b is None:
+            raise _closed(self.backend, self.device)
         b.clear_binding_inputs()
         b.clear_binding_outputs()
         for name, arr in feeds.items():
@@ -79,6 +92,10 @@ class OrtRunner:
             b.bind_output(name, "cpu")
         self.session.run_with_iobinding(b)
         return [v.numpy() for v in b.get_outputs()]
+
+    def close(self) -> None:
+        self._binding = None  # type: ignore[assignment]
+        self.session = None  # type: ignore[assignment]
 
 
 class OpenVinoRunner:
@@ -108,16 +125,23 @@ class OpenVinoRunner:
         if opts.cache_dir is not None:
             config["CACHE_DIR"] = str(opts.cache_dir / "openvino")
         self._ov = ov
+        check_onnx_file(model_path)  # external data inside the graph's folder, before OpenVINO opens it
         self.compiled = core.compile_model(str(model_path), target, config)
         self.request = self.compiled.create_infer_request()
         self.device = opts.device
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
         ov, req = self._ov, self.request
+        if req is None:
+            raise _closed(self.backend, self.device)
         for name, arr in feeds.items():
             req.set_tensor(name, ov.Tensor(arr, shared_memory=True))
         req.infer()
         return [np.array(req.get_tensor(name).data, copy=True) for name in outputs]
+
+    def close(self) -> None:
+        self.request = None  # type: ignore[assignment]
+        self.compiled = None  # type: ignore[assignment]
 
 
 RUNNERS = {"ort": OrtRunner, "openvino": OpenVinoRunner}

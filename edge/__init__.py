@@ -1,5 +1,83 @@
-"""edge: run large language models on the CPU, iGPU and NPU in front of you."""
+"""edge: run large language models on the CPU, iGPU and NPU in front of you.
+
+The Python API (docs/api.md)::
+
+    import edge
+
+    with edge.load("smollm2-135m") as model:
+        print(model.generate("Why is the sky blue?").text)
+
+`import edge` stays light: the engine and the backends load on first use of a name below.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from edge.api import GenerateOptions, Model, Stream, load
+    from edge.errors import (
+        BackendUnavailableError,
+        ContextOverflowError,
+        DeviceError,
+        EdgeError,
+        GenerationCancelled,
+        InsufficientMemoryError,
+        ModelFormatError,
+        ModelNotFoundError,
+    )
+    from edge.model import Result
+    from edge.session import KVState
+
+# public name -> module that defines it (imported lazily by __getattr__)
+_LAZY = {
+    "load": "edge.api",
+    "Model": "edge.api",
+    "Stream": "edge.api",
+    "GenerateOptions": "edge.api",
+    "Result": "edge.model",
+    "KVState": "edge.session",
+    "EdgeError": "edge.errors",
+    "ModelFormatError": "edge.errors",
+    "ModelNotFoundError": "edge.errors",
+    "DeviceError": "edge.errors",
+    "BackendUnavailableError": "edge.errors",
+    "ContextOverflowError": "edge.errors",
+    "GenerationCancelled": "edge.errors",
+    "InsufficientMemoryError": "edge.errors",
+}
+
+__all__ = [
+    "BackendUnavailableError",
+    "ContextOverflowError",
+    "DeviceError",
+    "EdgeError",
+    "GenerateOptions",
+    "GenerationCancelled",
+    "InsufficientMemoryError",
+    "KVState",
+    "Model",
+    "ModelFormatError",
+    "ModelNotFoundError",
+    "Result",
+    "Stream",
+    "__version__",
+    "load",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'edge' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

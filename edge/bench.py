@@ -22,6 +22,7 @@ import psutil
 from devices.discovery import discover
 from devices.registry import DecoderOptions, open_decoder, require_backend
 from edge import __version__
+from edge.bench_draft import DraftBenchResult, measure_draft
 from edge.data import read_text
 from edge.errors import EdgeError
 from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
@@ -51,8 +52,14 @@ class BenchConfig:
     gen_tokens: int = 128
     repeat: int = 5
     threads: int | None = None  # None: the backend's default (physical cores)
+    # --draft: also decode on --against with and without speculative decoding (edge.bench_draft)
+    draft: str | None = None
+    draft_device: str = "cpu"
+    draft_k: int = 16
 
     def __post_init__(self) -> None:
+        if self.draft_k < 1:
+            raise ValueError(f"--draft-k must be >= 1 (got {self.draft_k})")
         if not self.backends:
             raise ValueError("--backends must name at least one backend")
         if len(set(self.backends)) != len(self.backends):
@@ -145,6 +152,7 @@ class BenchReport:
     results: tuple[BackendResult, ...]
     roofline: dict[str, Any]
     notes: dict[str, str] = field(default_factory=dict)
+    draft: DraftBenchResult | None = None
 
     @property
     def against(self) -> BackendResult:
@@ -172,6 +180,7 @@ class BenchReport:
             "results": [r.to_dict(self.against, bound) for r in self.results],
             "roofline": self.roofline,
             "notes": self.notes,
+            "draft": None if self.draft is None else self.draft.to_dict(),
         }
 
 
@@ -270,7 +279,7 @@ def machine_info(threads: int | None) -> dict[str, Any]:
 
 def total_steps(cfg: BenchConfig) -> int:
     """Steps `run_bench` announces through `on_step`: the bandwidth measurement, then backends x rounds."""
-    return 1 + cfg.repeat * len(cfg.backends)
+    return 1 + cfg.repeat * len(cfg.backends) + (1 if cfg.draft else 0)
 
 
 def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] | None = None) -> BenchReport:
@@ -280,7 +289,8 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         require_backend(b)
     path = resolve_model(model)
     gguf = open_gguf(path)
-    prompt = bench_prompt(load_tokenizer(gguf.metadata), cfg.prompt_tokens)
+    tokenizer = load_tokenizer(gguf.metadata)
+    prompt = bench_prompt(tokenizer, cfg.prompt_tokens)
     machine = machine_info(cfg.threads)
     load_start = round(psutil.getloadavg()[0], 2)
 
@@ -292,6 +302,24 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         for b in cfg.backends:
             step(f"round {r + 1}/{cfg.repeat} {b}", 1 + r * len(cfg.backends) + cfg.backends.index(b))
             samples[b].append(_measure(b, path, prompt, cfg))
+    draft = None
+    if cfg.draft:
+        step(f"draft {cfg.draft}: {cfg.repeat} rounds", 1 + cfg.repeat * len(cfg.backends))
+        draft = measure_draft(
+            path,
+            model,
+            tokenizer,
+            prompt,
+            draft=cfg.draft,
+            backend=cfg.against,
+            device=cfg.device,
+            draft_device=cfg.draft_device,
+            draft_k=cfg.draft_k,
+            gen_tokens=cfg.gen_tokens,
+            repeat=cfg.repeat,
+            n_ctx=cfg.n_ctx + cfg.draft_k,
+            threads=cfg.threads,
+        )
 
     # Other work on the machine skews every figure; the load average says how busy it was.
     machine["load_avg_1m"] = {"start": load_start, "end": round(psutil.getloadavg()[0], 2)}
@@ -325,4 +353,4 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         "bound_tok_s": round(bound, 1),
     }
     notes = {"rss": RSS_METHOD, "load": LOAD_NOTE}
-    return BenchReport(model, str(path), cfg, machine, tuple(results), roofline, notes)
+    return BenchReport(model, str(path), cfg, machine, tuple(results), roofline, notes, draft)

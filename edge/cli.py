@@ -33,7 +33,8 @@ def _stdin_text() -> str:
 def _is_model_arg(value: str) -> bool:
     from models.catalog import CATALOG
 
-    return value in CATALOG or value.endswith(".gguf") or os.path.isfile(value)
+    artifact = os.path.isfile(os.path.join(value, "manifest.json"))  # edge convert -o DIR
+    return value in CATALOG or value.endswith(".gguf") or os.path.isfile(value) or artifact
 
 
 # -- edge run --------------------------------------------------------------------------------------
@@ -55,14 +56,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             model = positional[0]
         else:
             prompt = positional[0]
-    if args.draft:
-        raise EdgeError("speculative decoding (--draft) is not in this version of edge", hint="drop --draft")
     if prompt is None:
         if sys.stdin.isatty():
-            raise EdgeError(
-                "no PROMPT given and the chat app is not in this version of edge",
-                hint='pass a prompt: edge run "Why is the sky blue?"',
-            )
+            return _open_chat(model, args)  # no prompt on a terminal: the chat app
         prompt = _stdin_text()
 
     sampling = SamplingConfig(
@@ -80,6 +76,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         fallback=args.fallback,
         n_ctx=args.ctx_size,
         n_threads=args.threads,
+        draft=args.draft,
+        draft_device=args.draft_device,
+        draft_k=args.draft_k,
     )
     with load(model, opts) as m:
         p = m.placement
@@ -113,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "backend": result.backend,
             "device": result.device,
             "fallback": result.fallback,
-            "draft": None,
+            "draft": None if s.draft is None else s.draft.to_dict(),
             "stop_reason": s.stop_reason,
             "seed": args.seed,
         }
@@ -124,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
             f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
-            f"{result.backend}/{result.device}]",
+            f"{'' if s.draft is None else s.draft.summary() + ' · '}{result.backend}/{result.device}]",
             file=sys.stderr,
         )
     return 0
@@ -136,6 +135,39 @@ def _stdout_writer() -> Callable[[str], None]:
         sys.stdout.flush()
 
     return write
+
+
+# -- edge chat ------------------------------------------------------------------------------------
+def cmd_chat(args: argparse.Namespace) -> int:
+    return _open_chat(args.model, args)
+
+
+def _open_chat(model: str | None, args: argparse.Namespace) -> int:
+    """Run the Textual chat app. It lives above edge (apps/tui) and registers itself as the `edge.apps`
+    entry point `chat`, so edge never imports it."""
+    from importlib.metadata import entry_points
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise EdgeError(
+            "the chat app needs a terminal", hint='pass a prompt: edge run "Why is the sky blue?"'
+        )
+    found = list(entry_points(group="edge.apps", name="chat"))
+    if not found:
+        raise EdgeError("the chat app is not installed", hint='install edge with `pip install -e ".[dev]"`')
+    return int(
+        found[0].load()(
+            model=model,
+            device=args.device,
+            backend=args.backend,
+            fallback=args.fallback,
+            draft=args.draft,
+            system=getattr(args, "system", None) or "",
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            n_ctx=args.ctx_size,
+            n_threads=args.threads,
+        )
+    )
 
 
 # -- edge tokenize ---------------------------------------------------------------------------------
@@ -275,6 +307,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         gen_tokens=args.gen_tokens,
         repeat=args.repeat,
         threads=args.threads,
+        draft=args.draft,
+        draft_device=args.draft_device,
+        draft_k=args.draft_k,
     )
     err = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
@@ -291,8 +326,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         def step(what: str, done: int) -> None:
             bar.update(task, description=what, completed=done)
 
-        report = run_bench(args.model, cfg, on_step=step).to_dict()
+        bench = run_bench(args.model, cfg, on_step=step)
+    report = bench.to_dict()
     (err if args.json == "-" else Console()).print(bench_table(report))
+    if bench.draft is not None:
+        (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
     if args.plot:
         write_plot(report, args.plot)
         err.print(f"plot written to {args.plot}")
@@ -328,7 +366,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     m = result.metrics
     print(
-        f"{out['model']}: {cfg.backend} vs {cfg.reference} over {m.tokens} tokens of {out['text']}\n"
+        f"{out['model']}: {result.backend} vs {cfg.reference} over {m.tokens} tokens of {out['text']}\n"
         f"  perplexity    {m.ppl:.4f} (reference {m.ppl_ref:.4f})\n"
         f"  KL(ref||test) mean {m.kl_mean:.3g} nats, p99 {m.kl_p99:.3g}\n"
         f"  top-1 agree   {100 * m.top1_agree:.2f}%\n"
@@ -364,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--fallback", action="store_true", help="run on the CPU if the device is absent (announced)"
     )
     run.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    run.add_argument(
+        "--draft-device", default="cpu", help="[backend:]device of the draft model (default llamacpp:cpu)"
+    )
+    run.add_argument("--draft-k", type=int, default=16, help="most tokens drafted per step (default 16)")
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
     run.add_argument("--top-k", type=int, default=40)
@@ -378,6 +420,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     run.add_argument("--explain", action="store_true", help="print the placement plan to stderr")
     run.set_defaults(func=cmd_run)
+
+    chat = sub.add_parser("chat", help="the terminal chat app (Textual)")
+    chat.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path")
+    chat.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto (default cpu)")
+    chat.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
+    chat.add_argument("--fallback", action="store_true", help="run on the CPU if the device is absent")
+    chat.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    chat.add_argument("--system", default="", help="system prompt of new conversations")
+    chat.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.add_argument("--ctx-size", type=int, default=4096)
+    chat.add_argument("--threads", type=int, default=None)
+    chat.set_defaults(func=cmd_chat)
 
     tok = sub.add_parser("tokenize", help="token ids of a text (no BOS/EOS added)")
     tok.add_argument("model")
@@ -410,21 +465,32 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--repeat", type=int, default=5, help="rounds, backends interleaved (default 5)")
     ben.add_argument("--threads", type=int, default=None, help="default: physical cores")
     ben.add_argument(
+        "--draft", default=None, help="also decode with this draft model (or 'ngram') vs without, same run"
+    )
+    ben.add_argument("--draft-device", default="cpu", help="[backend:]device of the draft (default cpu)")
+    ben.add_argument("--draft-k", type=int, default=16, help="most tokens drafted per step (default 16)")
+    ben.add_argument(
         "--json", metavar="FILE", default=None, help="write one JSON object to FILE ('-': stdout)"
     )
     ben.add_argument("--plot", metavar="FILE", default=None, help="write a PNG bar chart to FILE")
     ben.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="perplexity and KL of a backend against a reference backend")
-    ev.add_argument("model", help="catalog name or .gguf path")
-    ev.add_argument("--backend", default="llamacpp")
-    ev.add_argument("--reference", default="llamacpp")
+    ev.add_argument("model", help="catalog name, .gguf path or artifact directory (edge convert -o DIR)")
+    ev.add_argument("--backend", default=None, help="default llamacpp; an artifact: its target")
+    ev.add_argument(
+        "--reference", default="llamacpp", help="a backend, or an artifact directory of the same model"
+    )
     ev.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
     ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
     ev.add_argument("--threads", type=int, default=None)
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)
+
+    from edge.convert_cli import add_parser as add_convert
+
+    add_convert(sub)
     return parser
 
 

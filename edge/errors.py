@@ -57,3 +57,16 @@ class ContextOverflowError(EdgeError):
 
 class GenerationCancelled(EdgeError):
     """Generation was stopped by the caller; the model state stays usable."""
+
+
+class InsufficientMemoryError(EdgeError):
+    """A model needs more memory than the machine has free; raised before anything large is allocated."""
+
+    def __init__(self, message: str, *, needed: int, available: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.needed = needed
+        self.available = available
+
+
+class VocabMismatchError(EdgeError):
+    """A draft model's vocabulary differs from its target's: its token ids would mean other text."""

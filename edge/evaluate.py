@@ -16,6 +16,7 @@ from devices.registry import DecoderOptions, open_decoder, require_backend
 from edge.data import read_text
 from edge.errors import EdgeError
 from edge.metrics import EvalMetrics, RowStats, compare_rows, summarize
+from models.artifact import is_artifact, open_artifact
 from models.gguf_file import open_gguf
 from models.store import resolve_model
 from models.tokenizer import Tokenizer, load_tokenizer
@@ -25,7 +26,7 @@ __all__ = ["EvalConfig", "EvalResult", "evaluate"]
 
 @dataclass(frozen=True)
 class EvalConfig:
-    backend: str = "llamacpp"
+    backend: str | None = None  # None: llamacpp; for an artifact directory, its target
     reference: str = "llamacpp"
     device: str = "cpu"
     tokens: int = 1024  # tokens of the text to score
@@ -84,16 +85,25 @@ def evaluate(
     model: str, cfg: EvalConfig, on_progress: Callable[[int, int], None] | None = None
 ) -> EvalResult:
     """Teacher-force both decoders over the text; `on_progress(done, total)` after each chunk."""
-    require_backend(cfg.reference)
-    require_backend(cfg.backend)
     path = resolve_model(model)
-    gguf = open_gguf(path)
+    artifact = open_artifact(path) if is_artifact(path) else None
+    backend = cfg.backend or (artifact.target if artifact is not None else "llamacpp")
+    # the reference: a backend on the same model, or another artifact directory (e.g. the unquantized one)
+    ref_path, ref_backend = path, cfg.reference
+    if is_artifact(cfg.reference):
+        ref_art = open_artifact(cfg.reference)
+        ref_path, ref_backend = ref_art.path, ref_art.target
+        if artifact is None or ref_art.source.get("sha256") != artifact.source.get("sha256"):
+            raise EdgeError(f"{cfg.reference} was not converted from the same model as {model}")
+    require_backend(ref_backend)
+    require_backend(backend)
+    gguf = artifact.metadata if artifact is not None else open_gguf(path)
     ids = text_ids(load_tokenizer(gguf.metadata), read_text(cfg.text), cfg.tokens)
     window = min(len(ids), cfg.max_ctx, _context_length(gguf.metadata) or cfg.max_ctx)
     opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads)
-    ref = open_decoder(cfg.reference, path, cfg.device, opts)
+    ref = open_decoder(ref_backend, ref_path, cfg.device, opts)
     try:
-        test = open_decoder(cfg.backend, path, cfg.device, opts)
+        test = open_decoder(backend, path, cfg.device, opts)
         try:
             rows = _teacher_force(ref, test, ids, window, cfg.chunk, on_progress)
         finally:
@@ -101,7 +111,7 @@ def evaluate(
     finally:
         ref.close()
     text = str(cfg.text) if cfg.text is not None else "edge/data/eval.txt"
-    return EvalResult(model, cfg.backend, cfg.reference, text, summarize(rows))
+    return EvalResult(model, backend, cfg.reference, text, summarize(rows))
 
 
 def _teacher_force(

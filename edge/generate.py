@@ -5,13 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 from devices.base import Decoder
 from edge.errors import ContextOverflowError, GenerationCancelled
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
+    from edge.session import KVSession
+    from edge.speculative import DraftStats
     from models.tokenizer import Tokenizer
 
 
@@ -21,10 +25,15 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     ignore_eos: bool = False
+    # With a `cancel` callable the prompt is fed in chunks of this many tokens and `cancel` polled between
+    # them, so a long prefill stops within one chunk (a multiple of the backends' own batch sizes).
+    prefill_chunk: int = 512
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0 (got {self.max_tokens})")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 
@@ -32,16 +41,19 @@ class GenerationConfig:
 @dataclass
 class GenerationStats:
     n_prompt_tokens: int = 0
+    n_cached_tokens: int = 0  # prompt tokens the KV cache already held (reused, not prefilled)
     n_tokens: int = 0
     ttft_ms: float = 0.0  # prompt in -> first new token chosen
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    decode_steps: int = 0  # single-token forwards timed in decode_s
+    decode_steps: int = 0  # tokens chosen by the steps timed in decode_s (one per step without a draft)
     stop_reason: str = ""  # "eos" | "stop" | "length" | "context" | "cancelled"
+    draft: DraftStats | None = None  # speculative decoding's statistics, when a draft was used
 
     @property
     def prefill_tok_s(self) -> float:
-        return self.n_prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        prefilled = self.n_prompt_tokens - self.n_cached_tokens
+        return prefilled / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
     def decode_tok_s(self) -> float:
@@ -76,12 +88,51 @@ class _StopMatcher:
         return out
 
 
+class Decoding(Protocol):
+    """How the loop gets its next tokens: one per target forward (`PlainDecoding`) or several
+    (`edge.speculative.SpeculativeDecoding`). The loop owns prefill, stop rules, EOS and streaming."""
+
+    def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
+        """Start after the decoder was reset and fed the prompt; `logits` is its last position's row."""
+        ...
+
+    def step(self, history: Sequence[int], budget: int) -> list[int]:
+        """The next 1..budget tokens; `history` is the prompt and every token returned so far."""
+        ...
+
+    def draft_stats(self) -> DraftStats | None: ...
+
+
+class PlainDecoding:
+    """One sampled token per single-token forward."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+        self._sampler = Sampler(SamplingConfig())
+        self._logits: np.ndarray | None = None
+
+    def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
+        self._sampler = Sampler(sampling)
+        self._logits = logits
+
+    def step(self, history: Sequence[int], budget: int) -> list[int]:
+        if self._logits is None:  # feed the token the previous step chose
+            self._logits = self.decoder.forward([history[-1]], last_only=True)[-1]
+        token = self._sampler(self._logits, history)
+        self._logits = None
+        return [token]
+
+    def draft_stats(self) -> DraftStats | None:
+        return None
+
+
 class Generation:
     """One generation: iterate it for text pieces; afterwards `.text`, `.token_ids`, `.stats` hold the result.
 
-    The decoder is reset and the prompt prefilled when iteration starts. `cancel` is polled between tokens;
-    when it returns True the generation ends with stop_reason "cancelled" (or raises GenerationCancelled with
-    `raise_on_cancel`); the decoder stays usable either way.
+    The decoder is reset and the prompt prefilled when iteration starts; with a `session` (edge.session) the
+    KV the decoder already holds is reused and only the prompt's new suffix is prefilled. `cancel` is polled
+    between prefill chunks and between tokens; when it returns True the generation ends with stop_reason
+    "cancelled" (or raises GenerationCancelled with `raise_on_cancel`); the decoder stays usable either way.
     """
 
     def __init__(
@@ -93,8 +144,12 @@ class Generation:
         *,
         cancel: Callable[[], bool] | None = None,
         raise_on_cancel: bool = False,
+        decoding: Decoding | None = None,
+        session: KVSession | None = None,
     ) -> None:
         self.decoder = decoder
+        self.decoding = decoding  # None: plain decoding on `decoder`
+        self.session = session  # None: reset the decoder; else reuse the KV it holds (edge.session)
         self.tokenizer = tokenizer
         self.prompt_ids = list(prompt_ids)
         self.config = config or GenerationConfig()
@@ -117,55 +172,70 @@ class Generation:
             )
 
     def __iter__(self) -> Iterator[str]:
+        if self.session is None:
+            return self._generate()
+        return self.session.track(self, self._generate())
+
+    def _generate(self) -> Iterator[str]:
         cfg, dec, tok = self.config, self.decoder, self.tokenizer
         self._check_fits()
-        sampler = Sampler(cfg.sampling)
+        decoding = self.decoding or PlainDecoding(dec)
         stopper = _StopMatcher(cfg.stop)
         stream = tok.stream()
         eog = frozenset() if cfg.ignore_eos else tok.eog_ids
         history = list(self.prompt_ids)
         stats = self.stats
 
-        dec.reset()
+        if self.session is None:
+            dec.reset()
+        else:
+            stats.n_cached_tokens = self.session.prepare(self.prompt_ids)
         t0 = time.perf_counter()
-        logits = dec.forward(self.prompt_ids, last_only=True)[-1]
+        logits = self._prefill(stats.n_cached_tokens)
         t1 = time.perf_counter()
         stats.prefill_s = t1 - t0
+        if logits is not None:
+            decoding.begin(self.prompt_ids, logits, cfg.sampling)
         t_decode = 0.0
-        while True:
+        while logits is not None:
             if len(self.token_ids) >= cfg.max_tokens:
                 stats.stop_reason = "length"
                 break
             if self.cancel is not None and self.cancel():
                 stats.stop_reason = "cancelled"
                 break
-            token = sampler(logits, history)
+            ts = time.perf_counter()
+            tokens = decoding.step(history, cfg.max_tokens - len(self.token_ids))
             if not self.token_ids:
                 stats.ttft_ms = (time.perf_counter() - t0) * 1000.0
-            if token in eog:
-                stats.stop_reason = "eos"
+            else:
+                t_decode += time.perf_counter() - ts
+                stats.decode_steps += len(tokens)
+            reason = ""
+            for token in tokens:
+                if token in eog:
+                    reason = "eos"
+                    break
+                self.token_ids.append(token)
+                history.append(token)
+                piece = stopper.feed(stream.push(token))
+                if piece:
+                    self.text += piece
+                    yield piece
+                if stopper.hit:
+                    reason = "stop"
+                    break
+                if len(self.token_ids) >= cfg.max_tokens:
+                    reason = "length"
+                    break
+            if not reason and dec.position >= dec.n_ctx:
+                reason = "context"
+            if reason:
+                stats.stop_reason = reason
                 break
-            self.token_ids.append(token)
-            history.append(token)
-            piece = stopper.feed(stream.push(token))
-            if piece:
-                self.text += piece
-                yield piece
-            if stopper.hit:
-                stats.stop_reason = "stop"
-                break
-            if len(self.token_ids) >= cfg.max_tokens:
-                stats.stop_reason = "length"
-                break
-            if dec.position >= dec.n_ctx:
-                stats.stop_reason = "context"
-                break
-            ts = time.perf_counter()
-            logits = dec.forward([token], last_only=True)[-1]
-            t_decode += time.perf_counter() - ts
-            stats.decode_steps += 1
         stats.n_tokens = len(self.token_ids)
         stats.decode_s = t_decode
+        stats.draft = decoding.draft_stats()
         if not stopper.hit:
             tail = stopper.feed(stream.flush())
             tail += "" if stopper.hit else stopper.flush()
@@ -174,6 +244,21 @@ class Generation:
                 yield tail
         if stats.stop_reason == "cancelled" and self.raise_on_cancel:
             raise GenerationCancelled("generation cancelled", hint="the model is ready for the next prompt")
+
+    def _prefill(self, cached: int = 0) -> np.ndarray | None:
+        """The last prompt position's logits, or None when cancelled between chunks. The decoder already
+        holds the first `cached` prompt ids."""
+        dec, ids = self.decoder, self.prompt_ids[cached:]
+        if self.cancel is None:
+            return dec.forward(ids, last_only=True)[-1]
+        step = self.config.prefill_chunk
+        logits = None
+        for start in range(0, len(ids), step):
+            if self.cancel():
+                self.stats.stop_reason = "cancelled"
+                return None
+            logits = dec.forward(ids[start : start + step], last_only=True)[-1]
+        return logits
 
     def run(self) -> str:
         """Consume the whole generation and return its text."""

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.tokenizer import Tokenizer, load_tokenizer
+import numpy as np
 
 from devices.base import Decoder
 from devices.discovery import discover
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from devices.placement import Placement, place
+from devices.registry import DecoderOptions, open_decoder
+from edge.errors import EdgeError, InsufficientMemoryError
 from edge.generate import Generation, GenerationConfig, GenerationStats
+from edge.session import KVSession
+from edge.speculative import SpecConfig, SpeculativeDecoding
+from models.arch import check_block_count
+from models.artifact import is_artifact, open_artifact
 from models.catalog import CATALOG
 from models.chat_template import ChatTemplate, template_from_metadata
 from models.gguf_file import GGUFFile, open_gguf
 from models.store import resolve_model
+from models.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,13 @@ class LoadOptions:
     fallback: bool = False
     n_ctx: int = 4096
     n_threads: int | None = None
+    # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
+    available_memory: int | None = None
+    # Speculative decoding: a draft model (catalog name or path) or "ngram", the draft's [backend:]device,
+    # and the most tokens drafted per target forward.
+    draft: str | None = None
+    draft_device: str = "cpu"
+    draft_k: int = 16
 
 
 @dataclass(frozen=True)
@@ -44,11 +58,20 @@ class Result:
 class Model:
     """A loaded model. Calls are serialized: two threads never interleave tokens into one KV cache."""
 
-    def __init__(self, name: str, path: Path, gguf: GGUFFile, decoder: Decoder, placement: Placement) -> None:
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        gguf: GGUFFile,
+        decoder: Decoder,
+        placement: Placement,
+        *,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         self.name = name
         self.path = path
         self.gguf = gguf
-        self.tokenizer: Tokenizer = load_tokenizer(gguf.metadata)
+        self.tokenizer: Tokenizer = tokenizer or load_tokenizer(gguf.metadata)
         tok = self.tokenizer
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
@@ -57,7 +80,26 @@ class Model:
         )
         self.decoder = decoder
         self.placement = placement
+        self.session = KVSession(decoder)  # the ids the KV holds: each prompt prefills only its new suffix
         self._lock = threading.RLock()
+        self._busy = False  # a generation is running (the RLock alone lets one thread interleave two)
+        self.speculative: SpeculativeDecoding | None = None  # load(..., LoadOptions(draft=...)) sets it
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """One generation at a time: other threads wait; a second one started by the same thread (two
+        streams iterated in turn) would interleave tokens into one KV cache, so it is refused."""
+        with self._lock:
+            if self._busy:
+                raise EdgeError(
+                    "this model is already generating (an unfinished stream in this thread)",
+                    hint="consume or close the first stream before starting another",
+                )
+            self._busy = True
+            try:
+                yield
+            finally:
+                self._busy = False
 
     # -- prompts ---------------------------------------------------------------------------------
     def encode_prompt(self, text: str) -> list[int]:
@@ -93,8 +135,17 @@ class Model:
     ) -> Iterator[str]:
         """Yield text pieces as they are generated; the lock is held until the generator finishes."""
         ids = self.prompt_ids(prompt, raw=raw)
-        with self._lock:
-            gen = Generation(self.decoder, self.tokenizer, ids, config, cancel=cancel)
+        with self._turn():
+            self.session.invalidate()  # a from-scratch prefill (stream_ids reuses the KV)
+            gen = Generation(
+                self.decoder,
+                self.tokenizer,
+                ids,
+                config,
+                cancel=cancel,
+                decoding=self.speculative,
+                session=self.session,
+            )
             yield from gen
             self.last = self._result(gen)
 
@@ -108,11 +159,51 @@ class Model:
         cancel: Callable[[], bool] | None = None,
     ) -> Result:
         ids = self.prompt_ids(prompt, raw=raw)
-        with self._lock:
-            gen = Generation(self.decoder, self.tokenizer, ids, config, cancel=cancel)
+        with self._turn():
+            self.session.invalidate()  # a from-scratch prefill (stream_ids reuses the KV)
+            gen = Generation(
+                self.decoder,
+                self.tokenizer,
+                ids,
+                config,
+                cancel=cancel,
+                decoding=self.speculative,
+                session=self.session,
+            )
             for piece in gen:
                 if on_text is not None:
                     on_text(piece)
+            return self._result(gen)
+
+    def stream_ids(
+        self,
+        ids: Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        cancel: Callable[[], bool] | None = None,
+        reuse: bool = True,
+    ) -> Generator[str, None, Result]:
+        """Yield text pieces for a prompt already tokenized (a rendered chat); the generator returns the
+        Result (`result = yield from model.stream_ids(ids)`), so no other thread's call can replace it.
+
+        With `reuse` the KV the previous call left is kept up to the common prefix (edge.session) and only the
+        rest is prefilled. NOTE: llama.cpp's logits depend on how a prompt is split into batches (bit-exact
+        for Q4_1 splits of >= 2 tokens, not for K-quants), so reuse may flip a near-tie; reuse=False always
+        prefills from scratch, as `generate` and `stream` do.
+        """
+        with self._turn():
+            if not reuse:
+                self.session.invalidate()
+            gen = Generation(
+                self.decoder,
+                self.tokenizer,
+                ids,
+                config,
+                cancel=cancel,
+                decoding=self.speculative,
+                session=self.session,
+            )
+            yield from gen
             return self._result(gen)
 
     def _result(self, gen: Generation) -> Result:
@@ -123,6 +214,8 @@ class Model:
 
     def close(self) -> None:
         with self._lock:
+            if self.speculative is not None:
+                self.speculative.close()
             self.decoder.close()
 
     def __enter__(self) -> Model:
@@ -132,6 +225,65 @@ class Model:
         self.close()
 
 
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int  # tensor data, mapped from the file
+    kv_cache: int  # f16 K and V for n_ctx tokens on every layer
+    scratch: int  # compute buffers (llama.cpp's attention scores for one batch dominate)
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.scratch
+
+
+def estimate_memory(gguf: GGUFFile, n_ctx: int, n_batch: int = 512) -> MemoryEstimate:
+    """What loading `gguf` with a context of n_ctx tokens takes, from the file's own hyper-parameters.
+
+    Hyper-parameters that are missing or not positive integers count as 0 (the tensor data still counts):
+    this is a fail-fast check, not a validation of the file.
+    """
+    md = gguf.metadata
+    arch = md.get("general.architecture")
+
+    def num(key: str, default: int) -> int:
+        v = md.get(f"{arch}.{key}", default)
+        if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "iu":
+            v = int(v.max())  # per-layer values (e.g. KV heads per layer)
+        ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0
+        return int(v) if ok else default
+
+    n_layer = num("block_count", 0)
+    n_embd = num("embedding_length", 0)
+    n_head = num("attention.head_count", 1)
+    n_head_kv = num("attention.head_count_kv", n_head)
+    k_len = num("attention.key_length", n_embd // n_head)
+    v_len = num("attention.value_length", k_len)
+    weights = sum(t.nbytes for t in gguf.tensors.values())
+    n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to a multiple of 256
+    kv = 2 * n_ctx * n_layer * n_head_kv * (k_len + v_len)
+    scratch = 4 * min(n_batch, n_ctx) * (n_head * n_ctx + 8 * n_embd) + (32 << 20)
+    return MemoryEstimate(weights, kv, scratch)
+
+
+def check_memory(gguf: GGUFFile, n_ctx: int, available: int | None = None) -> MemoryEstimate:
+    """Raise InsufficientMemoryError, before anything is allocated, when the model cannot fit."""
+    import psutil
+
+    need = estimate_memory(gguf, n_ctx)
+    free = psutil.virtual_memory().available if available is None else available
+    if need.total > free:
+        mib = 1 << 20
+        raise InsufficientMemoryError(
+            f"{gguf.path.name} needs about {need.total // mib} MiB of memory (weights {need.weights // mib} MiB, "
+            f"KV cache for {n_ctx} tokens {need.kv_cache // mib} MiB, buffers {need.scratch // mib} MiB) "
+            f"but {free // mib} MiB is available",
+            needed=need.total,
+            available=free,
+            hint="close other programs, lower --ctx-size, or use a smaller (more quantized) model",
+        )
+    return need
+
+
 def load(model: str | None = None, options: LoadOptions | None = None) -> Model:
     """Load a catalog model (pulled on first use) or a local .gguf file."""
     from models.catalog import DEFAULT_MODEL
@@ -139,16 +291,40 @@ def load(model: str | None = None, options: LoadOptions | None = None) -> Model:
     opts = options or LoadOptions()
     name = model or DEFAULT_MODEL
     path = resolve_model(name)
-    gguf = open_gguf(path)  # validates the whole file layout before any native code sees it
-    placement = place(
-        discover(("llamacpp",)), backend=opts.backend, device=opts.device, fallback=opts.fallback
-    )
-    decoder = LlamaCppDecoder(
-        path, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=placement.device)
+    artifact = open_artifact(path) if is_artifact(path) else None  # `edge convert -o DIR` output
+    if artifact is not None:
+        gguf = artifact.metadata  # tokenizer, template and hyper-parameters; the weights are its partitions
+    else:
+        gguf = open_gguf(path)  # validates the whole file layout before any native code sees it
+        # NOTE: llama.cpp aborts the whole process (GGML_ASSERT) on some lying metadata, e.g. a vocabulary
+        # with the same text twice or a block_count beyond the tensors: both are checked here, before it
+        # reads them.
+        check_block_count(gguf.metadata, gguf.tensors)
+        check_memory(gguf, opts.n_ctx, opts.available_memory)
+    tokenizer = load_tokenizer(gguf.metadata)
+    backend = opts.backend or (artifact.target if artifact is not None else "llamacpp")
+    placement = place(discover((backend,)), backend=backend, device=opts.device, fallback=opts.fallback)
+    decoder = open_decoder(
+        placement.backend, path, placement.device, DecoderOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads)
     )
     try:
         display = name if name in CATALOG else path.name
-        return Model(display, path, gguf, decoder, placement)
+        loaded = Model(display, path, gguf, decoder, placement, tokenizer=tokenizer)
+        if opts.draft:
+            from edge.drafters import open_drafter
+
+            spec = SpecConfig(k_max=opts.draft_k)  # invalid options fail before the draft loads
+            drafter = open_drafter(
+                opts.draft,
+                loaded.tokenizer,
+                display,
+                decoder.vocab_size,
+                device=opts.draft_device,
+                n_ctx=opts.n_ctx,
+                n_threads=opts.n_threads,
+            )
+            loaded.speculative = SpeculativeDecoding(decoder, drafter, spec)
+        return loaded
     except BaseException:
         decoder.close()
         raise

@@ -1,1 +1,86 @@
-"""graph_opt."""
+"""graph_opt: passes over ONNX decoder graphs (fold, fuse, quantize, lower per target, partition, specialize).
+
+Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` runs a target's pipeline.
+"""
+
+from graph_opt.attention import attention
+from graph_opt.fold import fold
+from graph_opt.linear import BlockWeight, Linear, emit_linear, find_linears
+from graph_opt.lower import lower, lowering_for
+from graph_opt.manager import (
+    PASSES,
+    TARGETS,
+    GraphPass,
+    PassContext,
+    PassRecord,
+    graph_pass,
+    model_stats,
+    op_histogram,
+    run_passes,
+)
+from graph_opt.partition import LayerRange, parse_ranges, plan_partitions
+from graph_opt.pipeline import FUSIONS, PIPELINES, OptimizeResult, fuse_proto, optimize, pipeline
+from graph_opt.quantize import (
+    QuantReport,
+    QuantSpec,
+    collect_hessians,
+    gptq,
+    layer_of,
+    measure_sensitivity,
+    plan_precision,
+    plan_quantization,
+    quantize,
+    quantize_int4,
+    quantize_int8,
+    quantize_weight,
+)
+from graph_opt.rmsnorm import rmsnorm, skip_rmsnorm
+from graph_opt.rotary import rotary
+from graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
+
+__all__ = [
+    "FUSIONS",
+    "PASSES",
+    "PIPELINES",
+    "TARGETS",
+    "BlockWeight",
+    "GraphPass",
+    "LayerRange",
+    "Linear",
+    "OptimizeResult",
+    "PassContext",
+    "PassRecord",
+    "QuantReport",
+    "QuantSpec",
+    "attention",
+    "collect_hessians",
+    "dynamic_dims",
+    "emit_linear",
+    "find_linears",
+    "fold",
+    "fuse_proto",
+    "gptq",
+    "graph_pass",
+    "layer_of",
+    "lower",
+    "lowering_for",
+    "measure_sensitivity",
+    "model_stats",
+    "op_histogram",
+    "optimize",
+    "parse_ranges",
+    "pipeline",
+    "plan_partitions",
+    "plan_precision",
+    "plan_quantization",
+    "quantize",
+    "quantize_int4",
+    "quantize_int8",
+    "quantize_weight",
+    "rmsnorm",
+    "rotary",
+    "run_passes",
+    "skip_rmsnorm",
+    "specialize",
+    "specialize_shapes",
+]

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from edge.errors import ModelFormatError
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -79,12 +84,22 @@ class ArchConfig:
                 raise ModelFormatError(f"{arch}.{key} is missing or invalid ({value!r})")
             return value
 
+        def opt_int(key: str, default: int) -> int:
+            value = metadata.get(f"{arch}.{key}", default)
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ModelFormatError(
+                    f"{arch}.{key} should be a positive integer, not {value!r}",
+                    hint="per-layer values are not supported by the graph builder; try --backend llamacpp",
+                )
+            return int(value)
+
         n_embd, n_head = int(req("embedding_length")), int(req("attention.head_count"))
-        n_head_kv = int(metadata.get(f"{arch}.attention.head_count_kv", n_head))
-        head_dim = int(metadata.get(f"{arch}.attention.key_length", n_embd // n_head))
-        if n_head_kv <= 0 or n_head % n_head_kv:
+        n_head_kv = opt_int("attention.head_count_kv", n_head)
+        head_dim = opt_int("attention.key_length", n_embd // n_head)
+        if n_head % n_head_kv:
             raise ModelFormatError(f"{n_head} attention heads do not split into {n_head_kv} KV groups")
         n_layer = int(req("block_count"))
+        check_block_count(metadata, tensor_names)
         vocab = _vocab_size(metadata, arch)
         window = metadata.get(f"{arch}.attention.sliding_window")
         scale = 1.0 / math.sqrt(head_dim)
@@ -102,12 +117,55 @@ class ArchConfig:
             context_length=int(req("context_length")),
             rms_eps=float(req("attention.layer_norm_rms_epsilon")),
             rope_base=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_dim=int(metadata.get(f"{arch}.rope.dimension_count", head_dim)),
+            rope_dim=opt_int("rope.dimension_count", head_dim),
             sliding_window=int(window) if isinstance(window, int) and traits.swa_pattern else None,
             attn_scale=scale,
             tied_embeddings="output.weight" not in tensor_names,
             traits=traits,
         )
+
+
+def check_block_count(metadata: Mapping[str, Any], tensor_names: Iterable[str]) -> None:
+    """`{arch}.block_count` sizes every per-layer structure (and llama.cpp aborts the process on a wrong
+    one): it must be a positive integer no larger than the number of `blk.N.` groups of tensors."""
+    arch = metadata.get("general.architecture")
+    n = metadata.get(f"{arch}.block_count")
+    if n is None:
+        return  # the loader reports the missing key
+    blocks = {m.group(1) for name in tensor_names if (m := _BLOCK.match(name))}
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or not 0 < n <= len(blocks):
+        raise ModelFormatError(
+            f"{arch}.block_count is {n!r} but the file holds tensors of {len(blocks)} blocks",
+            hint="the file is corrupt or incomplete",
+        )
+
+
+def check_tensor_shapes(cfg: ArchConfig, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """The tensors every family has must have the shapes the hyper-parameters give them (GGUF order, ne[0]
+    first), so that a lying file ends in ModelFormatError here instead of inside a backend's graph compiler."""
+    d, v, q, kv = cfg.n_embd, cfg.n_vocab, cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    want: dict[str, tuple[int, ...]] = {"token_embd.weight": (d, v), "output_norm.weight": (d,)}
+    if not cfg.tied_embeddings:
+        want["output.weight"] = (d, v)
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        want |= {
+            p + "attn_norm.weight": (d,),
+            p + "attn_q.weight": (d, q),
+            p + "attn_k.weight": (d, kv),
+            p + "attn_v.weight": (d, kv),
+            p + "attn_output.weight": (q, d),
+            p + "ffn_gate.weight": (d, cfg.n_ff),
+            p + "ffn_up.weight": (d, cfg.n_ff),
+            p + "ffn_down.weight": (cfg.n_ff, d),
+        }
+    for name, shape in want.items():
+        have = shapes.get(name)
+        if have is not None and tuple(have) != shape:
+            raise ModelFormatError(
+                f"tensor {name!r} has shape {list(have)} but the hyper-parameters make it {list(shape)}",
+                hint="the file's metadata and tensors disagree: it is corrupt or was converted wrongly",
+            )
 
 
 def _vocab_size(metadata: Mapping[str, Any], arch: str) -> int:

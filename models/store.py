@@ -48,7 +48,7 @@ def is_verified(entry: CatalogEntry) -> bool:
 
 
 def resolve_model(model: str, *, pull_missing: bool = True) -> Path:
-    """A catalog name (pulled on first use) or a path to a local .gguf file."""
+    """A catalog name (pulled on first use), a path to a local .gguf file, or an artifact directory."""
     entry = CATALOG.get(model)
     if entry is not None:
         if is_verified(entry):
@@ -60,6 +60,8 @@ def resolve_model(model: str, *, pull_missing: bool = True) -> Path:
         return pull(entry)
     path = Path(model).expanduser()
     if path.is_file():
+        return path
+    if (path / "manifest.json").is_file():  # an artifact directory written by `edge convert`
         return path
     if path.exists():
         raise ModelNotFoundError(f"{model!r} is not a regular file", hint="pass a .gguf file")

@@ -622,25 +622,29 @@ class Tokenizer:
         attr = int(self._attrs[tid])
         text = self._tokens[tid]
         if attr & (ATTR_CONTROL | ATTR_UNKNOWN | ATTR_USER_DEFINED):
-            return text.encode("utf-8")
+            return text.encode("utf-8", "surrogateescape")  # raw bytes kept by the GGUF reader
         if attr & ATTR_NORMAL:
             if self._spm:
-                return text.replace("\u2581", " ").encode("utf-8")
+                return text.replace("\u2581", " ").encode("utf-8", "surrogateescape")
             out = bytearray()
             for ch in text:
                 b = _CHAR_TO_BYTE.get(ch)
                 if b is None:  # llama_decode_text's marker for a character outside the byte map
-                    utf8 = ch.encode("utf-8")
-                    out += b"[UNK_BYTE_0x" + utf8.hex().encode() + text.encode("utf-8") + b"]"
+                    utf8 = ch.encode("utf-8", "surrogateescape")
+                    out += (
+                        b"[UNK_BYTE_0x" + utf8.hex().encode() + text.encode("utf-8", "surrogateescape") + b"]"
+                    )
                 else:
                     out.append(b)
             return bytes(out)
-        if attr & ATTR_BYTE:
-            try:
-                return bytes([int(text[3:5], 16)])
-            except ValueError:
-                return b"\x00"  # strtol of a malformed byte token gives 0
+        if attr & ATTR_BYTE:  # llama_token_to_byte: (uint8_t) strtol(text.substr(3, 2), NULL, 16)
+            sign, digits = _STRTOL16.match(text[3:5]).groups()  # type: ignore[union-attr]
+            value = int(digits, 16) if digits else 0  # a malformed byte token ("<0xZZ>") is 0, as for strtol
+            return bytes([(-value if sign == "-" else value) & 0xFF])
         return b""  # unused and undefined tokens have no text
+
+
+_STRTOL16 = re.compile(r"[ \t\n\v\f\r]*([+-]?)([0-9A-Fa-f]*)")
 
 
 def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
@@ -658,6 +662,13 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         raise TokenizerError("tokenizer.ggml.tokens is missing or is not a list of strings")
     n = len(tokens)
+    try:  # the GGUF reader keeps invalid UTF-8 as surrogate escapes; any other lone surrogate is not text
+        "".join(tokens).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise TokenizerError(
+            f"tokenizer.ggml.tokens holds a lone surrogate ({exc.object[exc.start]!r})",
+            hint="the model file is corrupt",
+        ) from None
     # llama.cpp renames empty entries so that every text maps to one id
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     to_id = {t: i for i, t in enumerate(tokens)}
@@ -772,7 +783,7 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
 
     # Special-token cache: longest text (in bytes) first; equal lengths keep id order.
     special_ids = np.nonzero(attrs & _SPECIAL_ATTRS)[0].tolist()
-    special_ids.sort(key=lambda i: -len(tokens[i].encode("utf-8")))
+    special_ids.sort(key=lambda i: -len(tokens[i].encode("utf-8", "surrogateescape")))
     tok._special = [(i, tokens[i], int(attrs[i])) for i in special_ids]
     by_first: dict[str, list[tuple[int, str]]] = {}
     for rank, (_, text, _) in enumerate(tok._special):

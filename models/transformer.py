@@ -231,10 +231,14 @@ class _Builder:
         pos = g.op("Cast", [positions], to=1)  # float32 [q]
         ang = g.op("Mul", [g.op("Unsqueeze", [pos, g.const([1], np.int64)]), g.const(inv_freq[None, :])])
         cos, sin = (g.op("Concat", [t, t], axis=-1) for t in (g.op("Cos", [ang]), g.op("Sin", [ang])))
-        scale, axis1 = g.const(self.cfg.attn_scale), g.const([1], np.int64)
-        return {
-            "cos_q": g.op("Mul", [cos, scale]),
-            "sin_q": g.op("Mul", [sin, scale]),
+        scale, axis1, axes12 = (
+            g.const(self.cfg.attn_scale),
+            g.const([1], np.int64),
+            g.const([1, 2], np.int64),
+        )
+        return {  # queries [1, q, kvh, grp, hd], keys [1, q, kvh, hd]: sequence on axis 1
+            "cos_q": g.op("Unsqueeze", [g.op("Mul", [cos, scale]), axes12]),
+            "sin_q": g.op("Unsqueeze", [g.op("Mul", [sin, scale]), axes12]),
             "cos_k": g.op("Unsqueeze", [cos, axis1]),
             "sin_k": g.op("Unsqueeze", [sin, axis1]),
         }
@@ -291,11 +295,9 @@ class _Builder:
         q, k, v = self.linears(
             xn, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [perm_q, perm_k, None]
         )
-        q = g.op(
-            "Transpose",
-            [g.op("Reshape", [q, g.const([1, -1, kvh, grp, hd], np.int64)])],
-            perm=[0, 2, 3, 1, 4],
-        )
+        # NOTE: RoPE runs with the sequence on axis 1 for Q and K alike ([1, q, heads.., hd], as the projection
+        # leaves them), the form fused rotary kernels take; Q is transposed for attention afterwards.
+        q = g.op("Reshape", [q, g.const([1, -1, kvh, grp, hd], np.int64)])  # [1, q, kvh, grp, hd]
         k = g.op(
             "Reshape", [k, g.const([1, -1, kvh, hd], np.int64)]
         )  # [1, q, kvh, hd]: slot-major, as cached
@@ -303,7 +305,9 @@ class _Builder:
         if t.qk_norm:
             q = self.rms_norm(q, p + "attn_q_norm.weight")
             k = self.rms_norm(k, p + "attn_k_norm.weight")
-        qs = self.rope(q, rt["cos_q"], rt["sin_q"])  # [1, kvh, grp, q, hd], scaled
+        qs = g.op(
+            "Transpose", [self.rope(q, rt["cos_q"], rt["sin_q"])], perm=[0, 2, 3, 1, 4]
+        )  # [1, kvh, grp, q, hd], scaled
         k = self.rope(k, rt["cos_k"], rt["sin_k"], out=f"new_key_{i}")  # [1, q, kvh, hd]
         # NOTE: attention is split into (past slots) and (new tokens) so the past is never concatenated
         # (copied) with the new K/V; the past is whatever prefix of the ring the caller binds.

@@ -63,10 +63,10 @@ def test_bench_config_is_checked() -> None:
 
 
 def test_unrunnable_backend_is_one_clear_line() -> None:
-    out = _edge("bench", "smollm2-135m", "--backends", "llamacpp,openvino", "--repeat", "1")
+    out = _edge("bench", "smollm2-135m", "--backends", "llamacpp,coreml", "--repeat", "1")
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0, out.stderr
-    assert "'openvino'" in out.stderr and "runnable backends: llamacpp" in out.stderr
+    assert "'coreml'" in out.stderr and "runnable backends: llamacpp, ort, openvino" in out.stderr
 
 
 @pytest.mark.slow

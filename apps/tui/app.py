@@ -1,0 +1,388 @@
+"""`edge chat`: a Textual chat app on the Python API (`edge.load`, `Model.chat_stream`).
+
+Inference runs in thread workers (`@work(thread=True)`); they touch the UI only through `call_from_thread`.
+Each turn sends the whole conversation; the model's KV session keeps the earlier turns, so only the new text
+is prefilled. Conversations are saved atomically after the user's message and after each answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.reactive import var
+from textual.widgets import Footer, Header, Markdown
+
+from apps.tui.pending import Pending
+from apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
+from apps.tui.settings import ChatSettings
+from apps.tui.stats import Live, ModelInfo, stats_text
+from apps.tui.storage import Conversation, ConversationStore, Message
+from apps.tui.widgets import ChatMessage, PromptInput, StatsBar
+
+if TYPE_CHECKING:
+    from textual.timer import Timer
+    from textual.widgets.markdown import MarkdownStream
+
+    from edge import Model, Result
+    from edge.session import KVState
+
+FLUSH_EVERY_S = 0.1  # new text and live stats shown this often while generating
+
+
+class ChatApp(App[None]):
+    TITLE = "edge chat"
+    CSS = """
+    #messages { height: 1fr; padding: 0 1; }
+    ChatMessage { margin: 1 0 0 0; padding: 0 1; border: round $panel-lighten-2; }
+    ChatMessage.user { border: round $primary; margin-left: 8; background: $boost; }
+    ChatMessage.assistant { border: round $success; margin-right: 4; }
+    ChatMessage.system { border: round $secondary; color: $text-muted; }
+    ChatMessage.notice { border: none; color: $warning; padding: 0 1; margin: 0; }
+    ChatMessage.stopped { border: round $warning; }
+    ChatMessage > *:last-child { margin-bottom: 0; }
+    PromptInput { height: auto; min-height: 3; max-height: 10; border: round $accent; }
+    StatsBar { height: auto; max-height: 2; padding: 0 1; background: $panel; color: $text; }
+    ModalScreen { align: center middle; }
+    #dialog { width: 80%; max-width: 100; height: auto; max-height: 90%; padding: 1 2;
+              border: thick $primary; background: $surface; }
+    #dialog > Label { margin-top: 1; }
+    #buttons { height: auto; margin-top: 1; }
+    #buttons Button { margin-right: 2; }
+    #conversations { height: auto; max-height: 20; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+c", "stop", "Stop", show=False, priority=True),
+        Binding("ctrl+n", "new_conversation", "New"),
+        Binding("ctrl+o", "open_conversations", "Conversations"),
+        Binding("f2", "settings", "Settings"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    generating: var[bool] = var(False)
+
+    def __init__(
+        self,
+        settings: ChatSettings | None = None,
+        *,
+        store: ConversationStore | None = None,
+        loader: Callable[[ChatSettings], Model] | None = None,
+        devices: Sequence[str] | None = None,
+    ) -> None:
+        """`loader` and `devices` replace `edge.load` and device discovery (tests pass fakes)."""
+        super().__init__()
+        self.settings = settings or ChatSettings()
+        self.store = store or ConversationStore()
+        self._loader = loader or _load_model
+        self.model: Model | None = None
+        self.info: ModelInfo | None = None
+        self.conv = Conversation.new(self.settings.model or "", self.settings.system)
+        self.devices: list[str] = list(devices or [])
+        self._discover = devices is None
+        self.last_result: Result | None = None
+        self.kv: KVState | None = None
+        self._cancel = threading.Event()
+        self._status = ""
+        self._flusher: Timer | None = None
+
+    # -- layout ----------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield VerticalScroll(id="messages")
+        yield PromptInput(id="prompt")
+        yield StatsBar(id="stats")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(PromptInput).focus()
+        self._set_status(f"loading {self.settings.model or 'default model'}…")
+        self.load_model(self.settings, None)
+        if self._discover:
+            self.discover_devices()
+        self._show_notices()
+
+    # -- stats bar -------------------------------------------------------------------------------
+    def _render_stats(self, live: Live | None = None) -> None:
+        text = stats_text(self.info, result=self.last_result, kv=self.kv, live=live, status=self._status)
+        self.query_one(StatsBar).update(text)
+
+    def _set_status(self, status: str) -> None:
+        self._status = status
+        self._render_stats()
+
+    def _show_notices(self) -> None:
+        for notice in self.store.notices:
+            self.notify(notice, title="history", severity="warning", timeout=10)
+        self.store.notices.clear()
+
+    def _ui(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn` on the UI thread from a worker; None when the app is already gone."""
+        try:
+            return self.call_from_thread(fn, *args, **kwargs)
+        except RuntimeError:  # the app exited meanwhile
+            return None
+
+    # -- model -----------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="model")
+    def load_model(self, settings: ChatSettings, old: Model | None) -> None:
+        """Close `old` (the UI already let go of it) and load the model `settings` name."""
+        from edge import EdgeError
+
+        if old is not None:
+            old.close()
+        try:
+            model = self._loader(settings)
+        except (EdgeError, ValueError) as exc:
+            self._ui(self._load_failed, str(exc))
+            return
+        except Exception as exc:  # never a crash: say what failed and keep the app up
+            self._ui(self._load_failed, f"{type(exc).__name__}: {exc}")
+            return
+        self._ui(self._model_ready, model)
+
+    def _model_ready(self, model: Model) -> None:
+        self.model = model
+        self.info = ModelInfo.of(model)
+        self.kv = model.kv_state()
+        self._status = ""
+        self.sub_title = f"{model.name} on {model.backend}:{model.device}"
+        if model.fallback:
+            self.notify(
+                f"requested device unavailable: running with fallback {model.fallback}", severity="warning"
+            )
+        if not model.has_chat_template:
+            self._notice(
+                f"{model.name} has no chat template: it runs as plain text completion of the conversation."
+            )
+        self._render_stats()
+
+    def _load_failed(self, error: str) -> None:
+        self._set_status(f"[b red]model not loaded[/]: {error}")
+        self.notify(error, title="model not loaded", severity="error", timeout=15)
+
+    @work(thread=True, group="devices")
+    def discover_devices(self) -> None:
+        from devices.discovery import discover
+        from devices.placement import RUNNABLE_BACKENDS
+
+        inv = discover()
+        found = [
+            f"{b.name}:{kind}"
+            for b in inv.backends
+            if b.available and b.name in RUNNABLE_BACKENDS
+            for kind in sorted({d.kind for d in b.devices})
+        ]
+        self._ui(setattr, self, "devices", found)
+
+    # -- conversation ----------------------------------------------------------------------------
+    def _messages(self) -> VerticalScroll:
+        return self.query_one("#messages", VerticalScroll)
+
+    def _notice(self, text: str) -> None:
+        self._messages().mount(ChatMessage(text, "notice"))
+
+    def _show_conversation(self, conv: Conversation) -> None:
+        box = self._messages()
+        box.remove_children()
+        if conv.system:
+            box.mount(ChatMessage(conv.system, "system"))
+        for m in conv.messages:
+            box.mount(ChatMessage(m.content, m.role, stopped=m.stopped))
+        box.scroll_end(animate=False)
+
+    @on(PromptInput.Submitted)
+    def send(self, event: PromptInput.Submitted) -> None:
+        if self.generating:
+            self.notify("an answer is being generated: wait, or press Esc to stop it")
+            return
+        if self.model is None:
+            self.notify("the model is not loaded yet", severity="warning")
+            return
+        text = event.text.strip("\n")
+        self.query_one(PromptInput).clear()
+        self.conv = self.conv.with_message(Message("user", text))
+        box = self._messages()
+        box.mount(ChatMessage(text, "user"))
+        answer = ChatMessage("", "assistant")
+        box.mount(answer)
+        box.anchor()
+        self._cancel = threading.Event()
+        self.generating = True
+        pending, stream = Pending(), Markdown.get_stream(answer)
+        self._flusher = self.set_interval(FLUSH_EVERY_S, lambda: self._flush(pending, stream))
+        self.generate(self.model, self.conv, answer, stream, pending, self._cancel)
+
+    async def _flush(self, pending: Pending, stream: MarkdownStream) -> None:
+        """Show what the worker produced since the last flush (UI thread, on a timer)."""
+        text, live = pending.take()
+        if text:
+            await stream.write(text)
+        if live is not None and self.generating:
+            self._render_stats(live)
+
+    @work(thread=True, exclusive=True, group="generate")
+    def generate(
+        self,
+        model: Model,
+        conv: Conversation,
+        view: ChatMessage,
+        stream: MarkdownStream,
+        pending: Pending,
+        cancel: threading.Event,
+    ) -> None:
+        """Worker: answer the conversation's last message; pieces go to `pending` (the UI flushes them)."""
+        from edge import EdgeError
+
+        self._save(conv)  # the user's message first: a crash now loses at most the answer in flight
+        s = self.settings
+        try:
+            with model.chat_stream(
+                conv.chat_messages(), cancel=cancel, temperature=s.temperature, max_tokens=s.max_tokens
+            ) as out:
+                for piece in out:
+                    pending.push(piece)
+            result = out.result
+        except EdgeError as exc:
+            self._ui(self._generation_failed, stream, pending, str(exc))
+            return
+        except Exception as exc:  # never a crash: the model's session resets itself after an error
+            self._ui(self._generation_failed, stream, pending, f"{type(exc).__name__}: {exc}")
+            return
+        assert result is not None
+        stopped = result.stats.stop_reason == "cancelled"
+        done = conv.with_message(Message("assistant", result.text, stopped=stopped))
+        self._save(done)
+        self._ui(self._generation_done, done, view, stream, pending, result, model.kv_state())
+
+    def _save(self, conv: Conversation) -> None:
+        try:
+            self.store.save(conv)
+        except OSError as exc:
+            self._ui(self.notify, f"could not save the conversation: {exc}", severity="error")
+
+    async def _generation_done(
+        self,
+        conv: Conversation,
+        view: ChatMessage,
+        stream: MarkdownStream,
+        pending: Pending,
+        result: Result,
+        kv: KVState,
+    ) -> None:
+        await self._end_stream(pending, stream)
+        if self.conv.id == conv.id:
+            self.conv = conv
+        if result.stats.stop_reason == "cancelled":
+            view.mark_stopped()
+        self.last_result, self.kv = result, kv
+        self.generating = False
+        self._render_stats()
+
+    async def _end_stream(self, pending: Pending, stream: MarkdownStream) -> None:
+        if self._flusher is not None:
+            self._flusher.stop()
+        text, _ = pending.take()
+        if text:
+            await stream.write(text)
+        await stream.stop()
+
+    async def _generation_failed(self, stream: MarkdownStream, pending: Pending, error: str) -> None:
+        await self._end_stream(pending, stream)
+        self.generating = False
+        self._notice(f"generation failed: {error}")
+        self.notify(error, title="generation failed", severity="error")
+
+    # -- actions ---------------------------------------------------------------------------------
+    def action_stop(self) -> None:
+        """Esc / Ctrl+C: stop the answer; the worker ends within one token and the model stays ready."""
+        if self.generating:
+            self._cancel.set()
+
+    def action_new_conversation(self) -> None:
+        if self._busy():
+            return
+        self.conv = Conversation.new(self.info.name if self.info else "", self.settings.system)
+        self._show_conversation(self.conv)
+
+    def action_open_conversations(self) -> None:
+        if self._busy():
+            return
+        convs = self.store.conversations()
+        self._show_notices()
+        self.push_screen(ConversationsScreen(convs), self._open)
+
+    def _open(self, conv_id: str | None) -> None:
+        if not conv_id:
+            return
+        conv = self.store.load(conv_id)
+        self._show_notices()
+        if conv is None:
+            return
+        self.conv = conv
+        self._show_conversation(conv)
+        self.notify(f"opened: {conv.title or conv.id}")
+
+    def action_settings(self) -> None:
+        from models.catalog import CATALOG
+
+        models = [(f"{e.name}{'' if e.chat else ' (base model)'}", e.name) for e in CATALOG.values()]
+        devices = self.devices or ["llamacpp:cpu"]
+        self.push_screen(SettingsScreen(self.settings, models, devices), self._apply_settings)
+
+    def _apply_settings(self, new: ChatSettings | None) -> None:
+        if new is None or self._busy():
+            return
+        old, self.settings = self.settings, new
+        if new.system != self.conv.system:
+            self.conv = replace(self.conv, system=new.system)
+            self._show_conversation(self.conv)
+        if new.load_key() != old.load_key():
+            model, self.model = self.model, None
+            self.info, self.last_result, self.kv = None, None, None
+            self._set_status(f"loading {new.model} on {new.backend or 'llamacpp'}:{new.device}…")
+            self.load_model(new, model)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self._cancel.set()
+        self.exit()
+
+    def _busy(self) -> bool:
+        if self.generating:
+            self.notify("stop the answer first (Esc)")
+        return self.generating
+
+    def on_unmount(self) -> None:
+        self._cancel.set()
+        if self.model is not None:
+            self.model.close()  # waits at most one token for a cancelled generation
+
+
+def _load_model(settings: ChatSettings) -> Model:
+    import edge
+
+    return edge.load(
+        settings.model,
+        device=settings.device,
+        backend=settings.backend,
+        fallback=settings.fallback,
+        draft=settings.draft,
+        n_ctx=settings.n_ctx,
+        n_threads=settings.n_threads,
+    )
+
+
+def run_chat(settings: ChatSettings | None = None) -> int:
+    """Run the chat app in this terminal (the `edge chat` command)."""
+    ChatApp(settings).run()
+    return 0

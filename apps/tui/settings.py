@@ -1,0 +1,29 @@
+"""What the chat app runs with: the model and where it runs, and how it answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    model: str | None = None  # catalog name or .gguf path; None: the catalog default
+    device: str = "cpu"
+    backend: str | None = None  # None: llamacpp
+    fallback: bool = False
+    draft: str | None = None
+    system: str = ""  # system prompt of new conversations ("" leaves the template's default)
+    temperature: float = 0.7
+    max_tokens: int = 512
+    n_ctx: int = 4096
+    n_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (got {self.temperature})")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (got {self.max_tokens})")
+
+    def load_key(self) -> tuple[object, ...]:
+        """The fields that need the model loaded again when they change."""
+        return (self.model, self.device, self.backend, self.fallback, self.draft, self.n_ctx, self.n_threads)

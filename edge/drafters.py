@@ -1,0 +1,279 @@
+"""Drafters for speculative decoding: a small draft model on any `Decoder`, or prompt lookup (n-grams).
+
+A drafter proposes up to k next tokens for a history; `edge.speculative` verifies them on the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from devices.base import Decoder, rollback_limit
+from edge.errors import VocabMismatchError
+from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
+from edge.session import common_prefix
+
+if TYPE_CHECKING:
+    from models.tokenizer import Tokenizer
+
+__all__ = [
+    "Draft",
+    "Drafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "check_vocab_compatible",
+    "open_drafter",
+]
+
+# As llama.cpp's common_speculative_are_compatible: vocabularies may differ in size by this much (padding,
+# added tokens), and the first few ids (special tokens that differ between fine-tunes) are not compared.
+VOCAB_MAX_SIZE_DIFFERENCE = 128
+VOCAB_CHECK_START_ID = 5
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]
+    # q rows the tokens were sampled from ([vocab] each, the target's vocabulary size);
+    # None: a deterministic draft (greedy or lookup), i.e. q is one-hot on each token
+    probs: list[np.ndarray] | None = None
+
+
+class Drafter(Protocol):
+    name: str
+    max_k: int | None  # most tokens one draft may hold (a draft model's rollback limit); None: no limit
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Start a generation on this prompt (a draft model prefills it)."""
+        ...
+
+    def draft(
+        self, history: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> Draft:
+        """Up to k tokens to follow `history`, which extends the history of the previous call."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ModelDrafter:
+    """A draft model. Its KV cache follows the history: the common prefix is kept, rejected tokens rolled back.
+
+    `p_min` stops a draft after a token the draft model gave less probability than that (as llama.cpp's
+    speculative example): where the draft is unsure the target rarely agrees, and each drafted token costs.
+    """
+
+    def __init__(self, decoder: Decoder, name: str, n_vocab: int, *, p_min: float = 0.0) -> None:
+        self.decoder = decoder
+        self.name = name
+        self.n_vocab = n_vocab  # the target's: draft rows are cut or padded to it
+        self.p_min = p_min
+        limit = rollback_limit(decoder)
+        # the draft KV holds k - 1 drafted tokens when verification starts, so k - 1 may need rolling back
+        self.max_k = None if limit is None else int(limit) + 1
+        self._tokens: list[int] = []  # what the draft KV holds
+        self._synced = 0  # history length at the last call: that prefix cannot have changed
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Prefill all but the last prompt token (the first draft feeds it, for its logits), keeping what the
+        KV already holds of it (a chat's earlier turns)."""
+        dec, tokens = self.decoder, self._tokens
+        head = list(prompt_ids[:-1])
+        keep = common_prefix(tokens, head)
+        limit = rollback_limit(dec)
+        if dec.position != len(tokens) or (limit is not None and len(tokens) - keep > limit):
+            keep = 0  # used behind our back, or too far to roll back
+        if keep == 0:
+            dec.reset()
+        elif keep < len(tokens):
+            dec.rollback(len(tokens) - keep)
+        del tokens[keep:]
+        if len(head) > keep:
+            dec.forward(head[keep:], last_only=True)
+            tokens.extend(head[keep:])
+        self._synced = len(tokens)
+
+    def _sync(self, history: Sequence[int]) -> np.ndarray:
+        """Bring the KV to `history` and return the logits row for the position after it."""
+        tokens, n = self._tokens, self._synced
+        end = min(len(tokens), len(history))
+        while n < end and tokens[n] == history[n]:
+            n += 1
+        n = min(n, len(history) - 1)  # feed at least one token: its row is the one we need
+        if n < len(tokens):
+            self.decoder.rollback(len(tokens) - n)
+            del tokens[n:]
+        feed = list(history[n:])
+        tokens.extend(feed)
+        self._synced = len(history)
+        return self.decoder.forward(feed, last_only=True)[-1]
+
+    def _row(self, logits: np.ndarray) -> np.ndarray:
+        n = self.n_vocab
+        if logits.shape[0] >= n:
+            return logits[:n]
+        return np.concatenate([logits, np.full(n - logits.shape[0], -np.inf, dtype=logits.dtype)])
+
+    def draft(
+        self, history: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> Draft:
+        dec = self.decoder
+        k = min(k, dec.n_ctx - len(history) + 1)  # the KV will hold history + k - 1 tokens
+        if k <= 0:
+            return Draft([])
+        logits = self._sync(history)
+        penalize = sampling.repeat_penalty != 1.0 and sampling.repeat_last_n != 0
+        recent = (
+            list(history[-sampling.repeat_last_n :] if sampling.repeat_last_n > 0 else history)
+            if penalize
+            else []
+        )
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        for i in range(k):
+            confidence = 1.0
+            row = self._row(logits)
+            if penalize:
+                row = apply_repeat_penalty(row, recent, sampling.repeat_penalty, sampling.repeat_last_n)
+            if sampling.greedy:
+                token = int(np.argmax(row))
+                if self.p_min > 0.0:
+                    confidence = 1.0 / float(np.exp(row - row[token]).sum())  # softmax at the argmax
+            else:
+                q = probabilities(row, sampling)
+                token = int(rng.choice(q.shape[0], p=q))
+                probs.append(q)
+                confidence = float(q[token])
+            tokens.append(token)
+            if penalize:
+                recent.append(token)
+            if i == k - 1 or (self.p_min > 0.0 and confidence < self.p_min):
+                break
+            logits = dec.forward([token], last_only=True)[-1]
+            self._tokens.append(token)
+        return Draft(tokens, None if sampling.greedy else probs)
+
+    def close(self) -> None:
+        self.decoder.close()
+
+
+class NgramDrafter:
+    """Prompt lookup: find an earlier occurrence of the history's last n tokens (longest n first) and propose
+    what followed it. Of several occurrences the one whose preceding tokens match the history longest wins
+    (code repeats short n-grams everywhere; the right place is where the longer context agrees), the latest
+    on a tie. No model; an index of every n-gram keeps each lookup cheap."""
+
+    max_k = None
+    candidates = 16  # most recent occurrences compared per lookup
+    context = 32  # tokens of preceding context compared at most
+
+    def __init__(self, n_min: int = 2, n_max: int = 4) -> None:
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"ngram sizes need 1 <= n_min <= n_max (got {n_min}, {n_max})")
+        self.name = "ngram"
+        self.n_min, self.n_max = n_min, n_max
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        self._indexed = 0
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
+        self._indexed = 0
+
+    def _extend(self, history: Sequence[int]) -> None:
+        # index[n][gram]: where continuations of gram start, in order; only positions whose continuation
+        # exists, so the history's own last n-gram is never its own match
+        for pos in range(self._indexed, len(history)):
+            for n, index in self._index.items():
+                if pos >= n:
+                    index.setdefault(tuple(history[pos - n : pos]), []).append(pos)
+        self._indexed = len(history)
+
+    def _agreement(self, history: Sequence[int], start: int, n: int) -> int:
+        """How many tokens before the matched n-gram also equal the ones before the history's own."""
+        size, m = len(history), 0
+        while (
+            m < self.context and start - n - m > 0 and history[start - n - m - 1] == history[size - n - m - 1]
+        ):
+            m += 1
+        return m
+
+    def draft(
+        self, history: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> Draft:
+        self._extend(history)
+        size = len(history)
+        for n in range(min(self.n_max, size), self.n_min - 1, -1):
+            found = self._index[n].get(tuple(history[size - n :]))
+            if not found:
+                continue
+            recent = found[-self.candidates :]
+            start = max(reversed(recent), key=lambda s: self._agreement(history, s, n))
+            out: list[int] = []
+            for j in range(k):  # a continuation running into the present repeats itself (periodic text)
+                at = start + j
+                out.append(history[at] if at < size else out[at - size])
+            return Draft(out)
+        return Draft([])
+
+    def close(self) -> None:
+        pass
+
+
+def check_vocab_compatible(target: Tokenizer, draft: Tokenizer, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose token ids mean other text than the target's (llama.cpp's rules, see above)."""
+
+    def refuse(why: str) -> VocabMismatchError:
+        return VocabMismatchError(
+            f"draft model {draft_name} cannot draft for {target_name}: {why}",
+            hint="use a draft from the target's model family (same tokenizer), or --draft ngram",
+        )
+
+    if target.model != draft.model:
+        raise refuse(f"tokenizer types differ ({target.model} vs {draft.model})")
+    nt, nd = target.vocab_size, draft.vocab_size
+    if abs(nt - nd) > VOCAB_MAX_SIZE_DIFFERENCE:
+        raise refuse(
+            f"vocabulary sizes {nt} and {nd} differ by {abs(nt - nd)} (at most {VOCAB_MAX_SIZE_DIFFERENCE})"
+        )
+    if target.add_bos != draft.add_bos or (target.add_bos and target.bos_id != draft.bos_id):
+        raise refuse(f"BOS tokens differ ({target.bos_id} vs {draft.bos_id})")
+    if target.eos_id != draft.eos_id:
+        raise refuse(f"EOS tokens differ ({target.eos_id} vs {draft.eos_id})")
+    for i in range(VOCAB_CHECK_START_ID, min(nt, nd)):
+        a, b = target.id_to_text(i), draft.id_to_text(i)
+        if a != b:
+            raise refuse(f"token {i} is {a!r} in the target but {b!r} in the draft")
+
+
+def open_drafter(
+    spec: str,
+    target_tokenizer: Tokenizer,
+    target_name: str,
+    n_vocab: int,
+    *,
+    device: str = "cpu",
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+) -> Drafter:
+    """`ngram`, or a draft model (catalog name or path) on `[backend:]device` (default llamacpp)."""
+    if spec == "ngram":
+        return NgramDrafter()
+    from devices.discovery import discover
+    from devices.placement import place
+    from devices.registry import DecoderOptions, open_decoder
+    from models.catalog import CATALOG
+    from models.gguf_file import open_gguf
+    from models.store import resolve_model
+    from models.tokenizer import load_tokenizer
+
+    path = resolve_model(spec)
+    gguf = open_gguf(path)
+    name = spec if spec in CATALOG else path.name
+    check_vocab_compatible(target_tokenizer, load_tokenizer(gguf.metadata), target_name, name)
+    backend, _, dev = device.rpartition(":")
+    placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
+    decoder = open_decoder(placement.backend, path, placement.device, DecoderOptions(n_ctx, n_threads))
+    return ModelDrafter(decoder, name, n_vocab)

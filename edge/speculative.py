@@ -1,0 +1,324 @@
+"""Speculative decoding on the `Decoder` contract: a drafter proposes k tokens, the target scores them plus one
+in a single forward, and the tokens it agrees with are kept (Leviathan et al. 2023, Chen et al. 2023).
+
+Greedy: a drafted token is kept when it is the target's argmax, so the output is the target's own. Sampling:
+the rejection rule keeps the target's distribution exactly (accept with min(1, p/q), else draw from
+norm(max(0, p - q)); the bonus token after a fully accepted draft comes from p). Rejected tokens are rolled
+back in the target here and in the draft model by the drafter; k never exceeds a decoder's rollback limit.
+
+k is chosen each round to maximise expected tokens per second, from the running acceptance rate and the
+draft and verify costs measured on this machine (Leviathan et al. section 3.4 with a measured verify cost:
+on a CPU a k+1 token forward costs far more than one decode step); k = 0 is a plain decode step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from devices.base import Decoder, rollback_limit
+from edge.drafters import Draft, Drafter
+from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
+
+__all__ = [
+    "AcceptRule",
+    "AdaptiveK",
+    "DraftStats",
+    "SpecConfig",
+    "SpeculativeDecoding",
+    "rejection_rule",
+]
+
+# (p, q, token, rng) -> None when `token` is accepted, else the token to emit instead (the round ends there).
+# p: target distribution at the token's position; q: the draft's (None: a deterministic draft, q = one-hot).
+AcceptRule = Callable[[np.ndarray, "np.ndarray | None", int, np.random.Generator], "int | None"]
+
+# Until a verify size has been measured, each token beyond the largest measured one is assumed to cost this
+# fraction of a single decode step: optimistic (batched matmuls are cheaper per token), so larger k gets tried
+# once and then judged on its measured cost.
+_OPTIMISTIC_MARGINAL = 0.25
+_EMA = 0.3  # weight of a new cost measurement
+# alpha before any evidence, and how many tokens' worth of evidence that belief is worth: optimistic, so a
+# draft is tried, and quickly overruled by what is measured
+_PRIOR_ALPHA, _PRIOR_WEIGHT = 0.8, 1.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    k_max: int = 16  # drafted tokens per round at most (the target scores k + 1)
+    adaptive: bool = True  # False: draft k_max tokens every round (capped by limits), for experiments
+    k_probe: int = 4  # the first drafting round's k, which measures the draft's cost
+    decay: float = 0.95  # per-token forgetting of the acceptance estimate (about the last 20 tokens)
+
+    def __post_init__(self) -> None:
+        if self.k_max < 1 or self.k_probe < 1:
+            raise ValueError(f"draft k must be >= 1 (got k_max={self.k_max}, k_probe={self.k_probe})")
+        if not 0.0 < self.decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1] (got {self.decay})")
+
+
+def rejection_rule(p: np.ndarray, q: np.ndarray | None, token: int, rng: np.random.Generator) -> int | None:
+    """The speculative sampling rule: accept with min(1, p/q), else draw from norm(max(0, p - q))."""
+    q_tok = 1.0 if q is None else float(q[token])
+    if rng.random() * q_tok < p[token]:
+        return None
+    if q is None:
+        residual = p.copy()
+        residual[token] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    if total <= 0.0:  # p == q up to rounding: rejection had probability ~0
+        residual, total = p, p.sum()
+    return int(rng.choice(residual.shape[0], p=residual / total))
+
+
+@dataclass
+class DraftStats:
+    method: str  # "ngram" or the draft model's name
+    drafted: int = 0
+    accepted: int = 0
+    rounds: int = 0  # target forwards that verified at least one drafted token
+    plain_steps: int = 0  # decode steps without a draft (k = 0)
+    tokens: int = 0  # tokens the decode steps produced (accepted drafts + one per step)
+    k_chosen: int = 0  # sum of k over the rounds, for the mean
+    draft_s: float = 0.0
+    verify_s: float = 0.0  # target forwards of the rounds with a draft
+    step_s: float = 0.0  # whole decode steps: drafting, target forwards, acceptance
+    target_step_s: float = 0.0  # measured cost of one plain single-token target step (running average)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Drafted tokens accepted per round (the bonus or correction token not counted)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        steps = self.rounds + self.plain_steps
+        return self.tokens / steps if steps else 0.0
+
+    @property
+    def speedup_estimate(self) -> float | None:
+        """Decode rate achieved over the rate of plain single-token steps, both measured in this generation
+        (None when no plain step was timed, e.g. with a fixed k)."""
+        if not self.step_s or not self.target_step_s:
+            return None
+        return self.tokens / self.step_s * self.target_step_s
+
+    def summary(self) -> str:
+        """One line for the CLI: `draft NAME: 63% of 190 accepted, 2.9 tok/forward, k 4.1, ~1.4x`."""
+        line = (
+            f"draft {self.method}: {100 * self.acceptance_rate:.0f}% of {self.drafted} accepted, "
+            f"{self.tokens_per_target_forward:.2f} tok/forward, k {self.k_chosen / max(self.rounds, 1):.1f}"
+        )
+        speedup = self.speedup_estimate
+        return line if speedup is None else f"{line}, ~{speedup:.2f}x"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 3),
+            "tokens_per_target_forward": round(self.tokens_per_target_forward, 3),
+            "rounds": self.rounds,
+            "plain_steps": self.plain_steps,
+            "mean_k": round(self.k_chosen / self.rounds, 2) if self.rounds else 0.0,
+            "draft_ms_per_token": round(1e3 * self.draft_s / self.drafted, 3) if self.drafted else None,
+            "verify_ms_per_round": round(1e3 * self.verify_s / self.rounds, 3) if self.rounds else None,
+            "target_step_ms": round(1e3 * self.target_step_s, 3) if self.target_step_s else None,
+            "speedup_estimate": None if self.speedup_estimate is None else round(self.speedup_estimate, 3),
+        }
+
+
+class AdaptiveK:
+    """Picks k per round: argmax over k of E[tokens](k, alpha) / (k * draft cost + verify cost(k + 1)).
+
+    alpha is a decayed count of accepted and rejected drafted tokens over a prior; steps without a draft
+    forget evidence too, so alpha drifts back to the (optimistic) prior and drafting is retried after a
+    stretch where it did not pay (prompt lookup is right in bursts).
+    """
+
+    def __init__(self, cfg: SpecConfig) -> None:
+        self.cfg = cfg
+        self.hits, self.misses = 0.0, 0.0  # decayed counts of accepted / rejected drafted tokens
+        self.verify: dict[int, float] = {}  # tokens in a target forward -> seconds (running average)
+        self.draft_s: float | None = None  # seconds per drafted token (running average)
+
+    @property
+    def alpha(self) -> float:
+        return (self.hits + _PRIOR_WEIGHT * _PRIOR_ALPHA) / (self.hits + self.misses + _PRIOR_WEIGHT)
+
+    def choose(self, limit: int) -> int:
+        cfg = self.cfg
+        limit = min(limit, cfg.k_max)
+        if limit <= 0:
+            return 0
+        if not cfg.adaptive:
+            return limit
+        if 1 not in self.verify:
+            return 0  # measure a plain step first: every other choice is weighed against it
+        if self.draft_s is None:
+            return min(cfg.k_probe, limit)
+        a = self.alpha
+        best_k, best_rate = 0, 1.0 / self.verify[1]
+        for k in range(1, limit + 1):
+            expected = (1.0 - a ** (k + 1)) / (1.0 - a) if a < 1.0 else k + 1.0
+            rate = expected / (k * self.draft_s + self._verify_cost(k + 1))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def _verify_cost(self, n: int) -> float:
+        known = self.verify
+        if n in known:
+            return known[n]
+        lower = max(m for m in known if m < n)  # 1 is always known here
+        upper = min((m for m in known if m > n), default=None)
+        optimistic = known[lower] + (n - lower) * _OPTIMISTIC_MARGINAL * known[1]
+        if upper is None:
+            return optimistic
+        # between two measured sizes, still optimistic until measured: batched kernels have sweet spots
+        # (llama.cpp's CPU matmul: 16 tokens cost less than 12 here)
+        w = (n - lower) / (upper - lower)
+        return min(optimistic, (1.0 - w) * known[lower] + w * known[upper])
+
+    def observe_forward(self, n: int, seconds: float) -> None:
+        self.verify[n] = _average(self.verify.get(n), seconds)
+
+    def observe_draft(self, n: int, seconds: float) -> None:
+        self.draft_s = _average(self.draft_s, seconds / n)
+
+    def observe_round(self, drafted: int, accepted: int) -> None:
+        d = self.cfg.decay
+        for i in range(min(drafted, accepted + 1)):  # the tokens after the first rejection were not judged
+            hit = i < accepted
+            self.hits = d * self.hits + hit
+            self.misses = d * self.misses + (not hit)
+
+    def observe_plain_step(self) -> None:
+        self.hits *= self.cfg.decay
+        self.misses *= self.cfg.decay
+
+
+def _average(old: float | None, new: float) -> float:
+    """Running average of a cost. Other work on the machine only ever adds time, so one slow outlier is
+    clipped to twice the estimate instead of swinging the choice of k."""
+    if old is None:
+        return new
+    return (1.0 - _EMA) * old + _EMA * min(new, 2.0 * old)
+
+
+class SpeculativeDecoding:
+    """The `Decoding` strategy of `edge.generate.Generation` with a drafter (see the module docstring)."""
+
+    def __init__(
+        self,
+        target: Decoder,
+        drafter: Drafter,
+        config: SpecConfig | None = None,
+        *,
+        rule: AcceptRule = rejection_rule,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.config = config or SpecConfig()
+        self.rule = rule  # injectable so tests can show that a wrong rule changes the distribution
+        limits = [self.config.k_max, rollback_limit(target), drafter.max_k]
+        self.k_cap = min(x for x in limits if x is not None)
+        self._sampling = SamplingConfig()
+        self._rng = np.random.default_rng()
+        self._row: np.ndarray | None = None
+        self.chooser = AdaptiveK(self.config)
+        self.stats = DraftStats(drafter.name)
+
+    # -- the Decoding protocol ---------------------------------------------------------------------
+    def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
+        """Start a generation: the target holds the prompt, `logits` is its last position's row."""
+        self._sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed)
+        self._row = logits
+        self.chooser = AdaptiveK(self.config)
+        self.stats = DraftStats(self.drafter.name)
+        self.drafter.begin(prompt_ids)
+
+    def step(self, history: Sequence[int], budget: int) -> list[int]:
+        """1..budget next tokens; `history` is the prompt and every token returned so far."""
+        t0 = time.perf_counter()
+        target, st, chooser = self.target, self.stats, self.chooser
+        pending = [] if self._row is not None else [history[-1]]  # the last token is not in the KV yet
+        room = target.n_ctx - target.position - len(pending)  # KV slots left for drafted tokens
+        k = chooser.choose(min(self.k_cap, budget - 1, room))
+        draft = self.drafter.draft(history, k, self._sampling, self._rng) if k > 0 else Draft([])
+        t1 = time.perf_counter()
+        feed = pending + draft.tokens
+        rows = target.forward(feed, last_only=not draft.tokens) if feed else np.empty((0, 0))
+        if self._row is not None:  # the prefill already scored the first position
+            rows = np.concatenate([self._row[None], rows]) if feed else self._row[None]
+            self._row = None
+        t2 = time.perf_counter()
+        n_ok, last = self._verify(rows, draft, history)
+        target.rollback(len(draft.tokens) - n_ok)
+        t3 = time.perf_counter()
+
+        if feed:
+            chooser.observe_forward(len(feed), t2 - t1)
+        if draft.tokens:
+            chooser.observe_draft(len(draft.tokens), t1 - t0)
+            chooser.observe_round(len(draft.tokens), n_ok)
+            st.rounds += 1
+            st.k_chosen += k
+            st.drafted += len(draft.tokens)
+            st.accepted += n_ok
+            st.draft_s += t1 - t0
+            st.verify_s += t2 - t1
+        elif feed:
+            st.plain_steps += 1
+            chooser.observe_plain_step()
+        if 1 in chooser.verify:
+            st.target_step_s = chooser.verify[1]
+        if feed:  # the first token, picked from the prefill's row, is not a decode step
+            st.tokens += n_ok + 1
+            st.step_s += t3 - t0
+        return [*draft.tokens[:n_ok], last]
+
+    def draft_stats(self) -> DraftStats:
+        return self.stats
+
+    def close(self) -> None:
+        self.drafter.close()
+
+    # -- verification ------------------------------------------------------------------------------
+    def _verify(self, rows: np.ndarray, draft: Draft, history: Sequence[int]) -> tuple[int, int]:
+        """(drafted tokens accepted, the token that follows them) from the target's rows [k + 1, vocab]."""
+        cfg, rng = self._sampling, self._rng
+        penalize = cfg.repeat_penalty != 1.0 and cfg.repeat_last_n != 0
+        # the repeat penalty looks at the last repeat_last_n tokens, accepted drafts included
+        recent = list(history[-cfg.repeat_last_n :] if cfg.repeat_last_n > 0 else history) if penalize else []
+        for i, token in enumerate(draft.tokens):
+            row = apply_repeat_penalty(rows[i], recent, cfg.repeat_penalty, cfg.repeat_last_n)
+            if cfg.greedy:
+                best = int(np.argmax(row))
+                if best != token:
+                    return i, best
+            else:
+                q = draft.probs[i] if draft.probs is not None else None
+                other = self.rule(probabilities(row, cfg), q, token, rng)
+                if other is not None:
+                    return i, other
+            if penalize:
+                recent.append(token)
+        row = apply_repeat_penalty(rows[len(draft.tokens)], recent, cfg.repeat_penalty, cfg.repeat_last_n)
+        if cfg.greedy:
+            return len(draft.tokens), int(np.argmax(row))
+        p = probabilities(row, cfg)
+        return len(draft.tokens), int(rng.choice(p.shape[0], p=p))

@@ -1,0 +1,110 @@
+"""Attention fusion: the builder's split past/new attention -> one ONNX Attention (opset 23) op.
+
+The builder never concatenates the past with the new K/V (scores over past slots and over new tokens are two
+matmuls, joined only at the softmax):
+
+    s = Concat(q @ K_past^T, q @ K_new^T) + mask;  p = Softmax(s);  p_past, p_new = Split(p)
+    ctx = p_past @ V_past + p_new @ V_new           (~19 nodes per layer: Transposes, Unsqueezes, MatMuls..)
+
+  -> Attention(q3, Concat(K_past, K_new), Concat(V_past, V_new), attn_mask=mask)   q_num_heads / kv_num_heads
+     with q3 [1, q, h*hd], K/V [1, L+q, kvh*hd] (slot-major buffers viewed flat: no transpose), the additive
+     mask as given ([1, 1, q, L+q]), scale 1 (the builder folds the scale into the query's RoPE tables);
+     the output [1, q, h*hd] is what the output projection reads (5 nodes per layer).
+
+Exact: the same softmax over the same columns in the same order. The price is the Concat, a copy of the bound
+past per layer per step; the decode benchmark decides whether a target takes this pass (see
+benchmarks/graph_passes.py).
+
+Why not ORT's own ops (checked against ORT 1.32's schemas): GroupQueryAttention keeps its cache in BNSH
+[1, kvh, S, hd] and writes new K/V at rows [past, past + q) itself (or returns past ++ new), which is neither our
+slot-major [1, S, kvh, hd] ring layout nor the ring's slot order after a wrap; MultiHeadAttention needs as many
+K/V heads as query heads (a repeat of the past per step) and a BNSH past.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from graph_opt._rules import apply_rules, ensure_opset, ints, source_reshape
+from graph_opt.manager import PassContext, graph_pass
+
+__all__ = ["attention"]
+
+
+def _head_dims(q5: ir.Value) -> list[int] | None:
+    """[kvh, grp, hd] of the queries, from the Reshape that shaped them (through RoPE and norms)."""
+    found = source_reshape(q5)
+    dims = ints(found[0].inputs[1]) if found is not None else None
+    if dims is None or len(dims) != 5 or min(dims[2:]) < 1:
+        return None
+    return dims[2:]
+
+
+def _query_3d(op, q5: ir.Value) -> ir.Value:  # type: ignore[no-untyped-def]
+    """[1, q, kvh, grp, hd] -> [1, q, h*hd]: the Reshape's own input when q5 is a Reshape of a 3-D tensor."""
+    node = q5.producer()
+    if node is not None and node.op_type == "Reshape":
+        shape = ints(node.inputs[1])
+        if shape is not None and shape[:2] == [0, 0]:  # the rotary pass's reshape of a [1, q, h*hd] output
+            return node.inputs[0]  # type: ignore[return-value]
+    return op.Reshape(q5, op.Constant(value_ints=[0, 0, -1]))
+
+
+def _mask_4d(mask5: ir.Value) -> ir.Value | None:
+    node = mask5.producer()
+    if node is None or node.op_type != "Unsqueeze" or ints(node.inputs[1]) != [2]:
+        return None
+    return node.inputs[0]
+
+
+class _SplitAttention(pattern.RewriteRuleClassBase):
+    def __init__(self) -> None:
+        super().__init__("SplitAttention")
+
+    def pattern(self, op, q5, past_k, new_k, past_v, new_v, mask5, split, out_shape):  # type: ignore[no-untyped-def]
+        qs = op.Transpose(q5, perm=[0, 2, 3, 1, 4])
+        s_past = op.MatMul(qs, op.Unsqueeze(op.Transpose(past_k, perm=[0, 2, 3, 1]), [2]))
+        s_new = op.MatMul(qs, op.Unsqueeze(op.Transpose(new_k, perm=[0, 2, 3, 1]), [2]))
+        # NOTE: the mask's Unsqueeze and the split sizes are shared by every layer: inputs, not matched nodes
+        scores = op.Add(op.Concat(s_past, s_new, axis=-1), mask5)
+        p_past, p_new = op.Split(op.Softmax(scores, axis=-1), split, axis=-1, _outputs=2)
+        ctx = op.Add(
+            op.MatMul(p_past, op.Unsqueeze(op.Transpose(past_v, perm=[0, 2, 1, 3]), [2])),
+            op.MatMul(p_new, op.Unsqueeze(op.Transpose(new_v, perm=[0, 2, 1, 3]), [2])),
+        )
+        return op.Reshape(op.Transpose(ctx, perm=[0, 3, 1, 2, 4]), out_shape)
+
+    def check(self, context, q5, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
+        result = pattern.MatchResult()
+        if _mask_4d(mask5) is None:
+            return result.fail("the mask is not Unsqueeze(mask [1, 1, q, L+q], axis 2)", mask5)
+        shape = ints(out_shape)
+        if shape is None or len(shape) != 3 or shape[:2] != [1, -1]:
+            return result.fail("the context is not reshaped to [1, q, h*hd]", out_shape)
+        if _head_dims(q5) is None:
+            return result.fail("queries are not a [1, q, kvh, grp, hd] view with static head dims", q5)
+        return result
+
+    def rewrite(self, op, q5, past_k, new_k, past_v, new_v, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
+        kvh, grp, _hd = _head_dims(q5)  # type: ignore[misc]
+        flat = op.Constant(value_ints=[0, 0, -1])
+        keys = op.Reshape(op.Concat(past_k, new_k, axis=1), flat)
+        values = op.Reshape(op.Concat(past_v, new_v, axis=1), flat)
+        return op.Attention(
+            _query_3d(op, q5),
+            keys,
+            values,
+            _mask_4d(mask5),
+            q_num_heads=kvh * grp,
+            kv_num_heads=kvh,
+            scale=1.0,
+        )
+
+
+@graph_pass("attention", targets=("ort", "openvino"))
+def attention(model: ir.Model, ctx: PassContext) -> int:
+    """Split past/new attention (two score matmuls, Concat, mask Add, Softmax, Split, two value matmuls and their
+    transposes) -> one ONNX Attention (opset 23, GQA heads) over Concat(past, new) K/V."""
+    ensure_opset(model, "", 23)
+    return apply_rules(model, [_SplitAttention.rule()])

@@ -1,0 +1,74 @@
+"""The pass list per target, and `optimize`: run it on a decoder graph (or a partition of one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from graph_opt.manager import PASSES, PassContext, PassRecord, run_passes
+from graph_opt.quantize import QuantReport, QuantSpec
+
+__all__ = ["FUSIONS", "PIPELINES", "OptimizeResult", "fuse_proto", "optimize", "pipeline"]
+
+FUSIONS = {
+    "ort": ["rmsnorm", "skip_rmsnorm", "rotary", "attention"],
+    "openvino": ["rmsnorm", "attention"],  # no rotary: see graph_opt/rotary.py
+    "coreml": [],
+}
+PIPELINES = {t: ["fold", *f, "quantize", "lower", "specialize", "fold"] for t, f in FUSIONS.items()}
+
+
+def pipeline(target: str, *, fuse: bool = True) -> list[str]:
+    """Pass names for a target, in order (fuse=False: without the fusion passes, for comparisons)."""
+    if target not in PIPELINES:
+        raise ValueError(f"unknown target {target!r}; expected one of {', '.join(PIPELINES)}")
+    return [p for p in PIPELINES[target] if fuse or p not in FUSIONS[target]]
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    records: list[PassRecord]
+    quant: QuantReport
+
+
+def optimize(
+    model: ir.Model,
+    target: str,
+    *,
+    quant: QuantSpec | None = None,
+    fuse: bool = True,
+    calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
+    quant_report: QuantReport | None = None,
+    shapes: Mapping[str, int] | None = None,
+    accuracy_level: int | None = None,
+    int8_accuracy_level: int | None = None,
+    head_accuracy_level: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> OptimizeResult:
+    """Run the target's pipeline on `model` in place. quant_report: quantized weights decided elsewhere (on the
+    whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition)."""
+    report = quant_report or QuantReport(quant or QuantSpec())
+    options = {
+        "quant": report.spec,
+        "quant_report": report,
+        "calibration": calibration,
+        "shapes": dict(shapes) if shapes else None,
+        "accuracy_level": accuracy_level,
+        "int8_accuracy_level": int8_accuracy_level,
+        "head_accuracy_level": head_accuracy_level,
+        "progress": progress,
+    }
+    ctx = PassContext(target, options)
+    records = run_passes(model, [PASSES[p] for p in pipeline(target, fuse=fuse)], ctx)
+    return OptimizeResult(records, report)
+
+
+def fuse_proto(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
+    """Folding and the target's fusion passes only (weights and their lowering as they are), on a proto."""
+    m = ir.serde.deserialize_model(model)
+    run_passes(m, ["fold", *FUSIONS[target]], PassContext(target))
+    return ir.serde.serialize_model(m)

@@ -1,0 +1,358 @@
+"""`edge convert`: a GGUF -> an artifact directory of optimized ONNX partitions for one target.
+
+    build (models/transformer.py, per partition: layer range, head) -> graph_opt pipeline for the target
+    (fold, fusions, quantize by policy, lower, specialize) -> write partitions, embeddings, metadata, manifest
+
+The quantization plan is decided once on the whole model (sensitivity measured on calibration text) and then
+applied to every partition, so a partitioned artifact holds exactly the weights of an unpartitioned one.
+Everything written is a function of (source bytes, options): converting twice gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from gguf.constants import GGMLQuantizationType
+
+import graph_opt
+from edge.errors import EdgeError
+from graph_opt import LayerRange, PassRecord, QuantReport, QuantSpec
+from kvcache import LayerSpec, RingKVCache
+from models.arch import ArchConfig
+from models.artifact import FORMAT, MANIFEST, embed_scale, file_sha256, is_artifact
+from models.calibration import CALIBRATION_TEXT
+from models.gguf_file import GGUFFile, open_gguf
+from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
+
+__all__ = ["ConvertOptions", "ConvertResult", "calibration_feeds", "convert", "static_dims"]
+
+_EXTERNAL_MIN = 1024  # initializers at least this many bytes go to the weights file
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    target: str = "ort"
+    quant: QuantSpec = field(default_factory=QuantSpec)
+    partitions: int = 1
+    ranges: str | None = None  # explicit layer ranges, e.g. "0-14,15-29" (overrides partitions)
+    fuse: bool = True
+    static: bool = False  # fixed shapes for NPUs: a prefill graph of prefill_chunk tokens and a decode graph
+    prefill_chunk: int = 64
+    capacity: int = 1024
+    # MatMulNBits accuracy level (0: fp32-exact activations, 4: int8 activations, as llama.cpp computes).
+    # None: the target's default: on ort 0 for 4-bit weights and 4 for 8-bit ones (ORT's 8-bit kernels are
+    # only fast with int8 activations; slow means the weights dequantized on every call), else 0.
+    accuracy_level: int | None = None
+    head_accuracy_level: int | None = None  # the lm_head's, when it should differ
+    calibration_steps: int = (
+        5  # prefills of calibration text: the first ranks sensitivity, the rest feed GPTQ
+    )
+    calibration_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.target not in graph_opt.TARGETS:
+            raise ValueError(f"--target must be one of {', '.join(graph_opt.TARGETS)}, not {self.target!r}")
+        if self.static and (self.prefill_chunk < 1 or self.capacity <= self.prefill_chunk):
+            raise ValueError("static shapes need 1 <= prefill chunk < capacity")
+
+    def levels(self) -> dict[str, int | None]:
+        """Accuracy levels for the lower pass: body, 8-bit linears, head."""
+        body = 0 if self.accuracy_level is None else self.accuracy_level
+        int8 = (4 if self.target == "ort" else 0) if self.accuracy_level is None else self.accuracy_level
+        return {
+            "accuracy_level": body,
+            "int8_accuracy_level": int8,
+            "head_accuracy_level": self.head_accuracy_level,
+        }
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    path: Path
+    manifest: dict[str, Any]
+    records: list[list[PassRecord]]  # per partition
+    quant: QuantReport
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def calibration_feeds(
+    gguf: GGUFFile, cfg: ArchConfig, steps: int = 4, tokens: int = 128
+) -> list[dict[str, np.ndarray]]:
+    """Calibration text (models/calibration.py) as `steps` prefills of `tokens` tokens, each from an empty
+    cache: the whole graph's inputs."""
+    from models.tokenizer import load_tokenizer
+
+    try:
+        ids = load_tokenizer(gguf.metadata).encode(CALIBRATION_TEXT, parse_special=False)
+    except Exception:  # a model whose tokenizer we cannot build still converts, on random ids
+        ids = []
+    if len(ids) < steps * tokens:
+        ids = ids + np.random.default_rng(0).integers(0, cfg.n_vocab, steps * tokens - len(ids)).tolist()
+    kinds = layer_kinds(cfg)
+    specs = [
+        LayerSpec(cfg.n_head_kv, cfg.head_dim, tokens + 1, cfg.sliding_window if k else None) for k in kinds
+    ]
+    view = RingKVCache(specs, sink=0).begin(tokens)
+    masks = {f"mask_{k}": view.mask_prefix(kinds.index(k), 0) for k in sorted(set(kinds))}
+    empty = np.zeros((1, 0, cfg.n_head_kv, cfg.head_dim), np.float32)
+    embed = Embedder(gguf, cfg)
+    out = []
+    for step in range(steps):
+        chunk = [int(i) % cfg.n_vocab for i in ids[step * tokens : (step + 1) * tokens]]
+        feeds: dict[str, np.ndarray] = {
+            "hidden": embed(chunk),
+            "positions": view.positions,
+            "logit_rows": np.arange(tokens, dtype=np.int64),
+            **masks,
+        }
+        for i in range(cfg.n_layer):
+            feeds[f"past_key_{i}"] = feeds[f"past_value_{i}"] = empty
+        out.append(feeds)
+    return out
+
+
+def static_dims(cfg: ArchConfig, q: int, capacity: int) -> dict[str, int]:
+    """The graph's symbolic dims for a static step of q tokens over `capacity` KV slots (windowed kinds:
+    their window, as the ring cache sizes them)."""
+    dims = {"q": q, "r": q, "past0": capacity}
+    if cfg.sliding_window is not None and any(layer_kinds(cfg)):
+        dims["past1"] = min(capacity, cfg.sliding_window)
+    return dims
+
+
+def _save_graphs(models: Mapping[str, ir.Model], out: Path, stem: str) -> tuple[dict[str, str], str]:
+    """Write each shape variant's graph; large initializers go once to <stem>.weights, shared by all."""
+    weights_name = f"{stem}.weights"
+    written: dict[str, tuple[int, int, bytes]] = {}  # name -> (offset, length, digest of bytes)
+    files: dict[str, str] = {}
+    with open(out / weights_name, "wb") as fh:
+        for variant, model in models.items():
+            proto = ir.serde.serialize_model(model)
+            del proto.graph.value_info[:]  # intermediate shapes: partial, and not needed by any runtime
+            for tensor in proto.graph.initializer:
+                raw = tensor.raw_data
+                if tensor.data_location == onnx.TensorProto.EXTERNAL or len(raw) < _EXTERNAL_MIN:
+                    continue
+                digest = hashlib.sha256(raw).digest()
+                if tensor.name not in written or written[tensor.name][2] != digest:
+                    offset = fh.tell()
+                    offset += (-offset) % 64  # aligned, so runtimes may map tensors in place
+                    fh.seek(offset)
+                    fh.write(raw)
+                    written[tensor.name] = (offset, len(raw), digest)
+                offset, length, _ = written[tensor.name]
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                del tensor.external_data[:]
+                for key, value in (
+                    ("location", weights_name),
+                    ("offset", str(offset)),
+                    ("length", str(length)),
+                ):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+            name = f"{stem}.{variant}.onnx"
+            (out / name).write_bytes(proto.SerializeToString(deterministic=True))
+            files[variant] = name
+    return files, weights_name
+
+
+def _write_embed(gguf: GGUFFile, cfg: ArchConfig, spec: QuantSpec, out: Path) -> dict[str, Any]:
+    """token_embd rows for the numpy embed partition: kept as stored, or at INT8 (Q8_0) under --quant."""
+    from gguf.quants import quantize
+
+    from models.weights import dequantize_tensor
+
+    info = gguf.tensors["token_embd.weight"]
+    qtype = GGMLQuantizationType(info.ggml_type)
+    k, n = int(info.shape[0]), int(info.shape[1])
+    keep = spec.mode == "keep" or qtype == GGMLQuantizationType.Q8_0 or k % 32
+    if keep:
+        raw = np.asarray(gguf.tensor_bytes("token_embd.weight")).reshape(n, -1)
+    else:
+        qtype = GGMLQuantizationType.Q8_0
+        rows = dequantize_tensor(gguf, "token_embd.weight")  # [n, k]
+        raw = np.concatenate([quantize(rows[i : i + 8192], qtype) for i in range(0, n, 8192)]).reshape(n, -1)
+    np.save(out / "embed.npy", np.ascontiguousarray(raw, dtype=np.uint8))
+    return {"file": "embed.npy", "ggml_type": qtype.name, "shape": [k, n], "scale": embed_scale(cfg)}
+
+
+def _write_metadata(src: Path, out: Path) -> str:
+    """The source's metadata in a tensor-less GGUF (tokenizer, template, hyper-parameters)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(str(src))
+    arch = str(reader.fields["general.architecture"].contents())
+    name = "metadata.gguf"
+    w = GGUFWriter(str(out / name), arch)
+    for fld in reader.fields.values():
+        if fld.name.startswith("GGUF.") or fld.name == "general.architecture":
+            continue
+        vtype = fld.types[0]
+        sub = fld.types[-1] if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(fld.name, fld.contents(), vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return name
+
+
+def _ranges(cfg: ArchConfig, options: ConvertOptions) -> list[LayerRange]:
+    if options.ranges:
+        return graph_opt.parse_ranges(options.ranges, cfg.n_layer)
+    return graph_opt.plan_partitions(cfg.n_layer, options.partitions)
+
+
+def _aggregate(records: Sequence[Sequence[PassRecord]]) -> list[dict[str, Any]]:
+    """Per pass position, the sums over partitions (the whole model's numbers)."""
+    out = []
+    for recs in zip(*records, strict=True):
+        first = recs[0]
+        removed: dict[str, int] = {}
+        added: dict[str, int] = {}
+        for r in recs:
+            for op, n in r.ops_removed.items():
+                removed[op] = removed.get(op, 0) + n
+            for op, n in r.ops_added.items():
+                added[op] = added.get(op, 0) + n
+        out.append(
+            {
+                "name": first.name,
+                "doc": first.doc,
+                "applied": first.applied,
+                "rewrites": sum(r.rewrites for r in recs),
+                "nodes": [sum(r.nodes_before for r in recs), sum(r.nodes_after for r in recs)],
+                "weight_bytes": [
+                    sum(r.weight_bytes_before for r in recs),
+                    sum(r.weight_bytes_after for r in recs),
+                ],
+                "ops_removed": dict(sorted(removed.items())),
+                "ops_added": dict(sorted(added.items())),
+            }
+        )
+    return out
+
+
+def convert(
+    model: Path,
+    out: Path,
+    options: ConvertOptions | None = None,
+    *,
+    source_name: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ConvertResult:
+    """Convert the GGUF at `model` into the artifact directory `out` (replacing an artifact already there)."""
+    opts = options or ConvertOptions()
+    say = log or (lambda _msg: None)
+    out = Path(out)
+    if out.exists() and not is_artifact(out) and (not out.is_dir() or any(out.iterdir())):
+        raise EdgeError(f"{out} exists and is not an edge artifact", hint="choose another -o DIR")
+    gguf = open_gguf(model)
+    cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+    ranges = _ranges(cfg, opts)
+    say(
+        f"source {model.name}: {cfg.arch}, {cfg.n_layer} layers; target {opts.target}; quant {opts.quant.mode}"
+    )
+
+    report = QuantReport(opts.quant)
+    if opts.quant.mode != "keep":
+        whole = ir.serde.deserialize_model(build_decoder(gguf, cfg, BuildOptions()))
+        calibration = calibration_feeds(gguf, cfg, opts.calibration_steps, opts.calibration_tokens)
+        report = graph_opt.plan_quantization(whole, opts.quant, calibration, log=say)
+        del whole
+
+    parent = out.parent if str(out.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    try:
+        records: list[list[PassRecord]] = []
+        parts: list[dict[str, Any]] = []
+        for index, rng in enumerate(ranges):
+            say(f"partition {index}: {rng}")
+            proto = build_decoder(
+                gguf, cfg, BuildOptions(first_layer=rng.first, last_layer=rng.last, head=rng.head)
+            )
+            m = ir.serde.deserialize_model(proto)
+            del proto
+            res = graph_opt.optimize(
+                m,
+                opts.target,
+                quant=opts.quant,
+                fuse=opts.fuse,
+                quant_report=report,
+                **opts.levels(),
+            )
+            records.append(res.records)
+            for rec in res.records:
+                say("  " + rec.line())
+            variants: dict[str, ir.Model] = {}
+            if opts.static:
+                for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
+                    v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
+                    graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
+                    variants[variant] = v
+            else:
+                variants["dynamic"] = m
+            files, weights = _save_graphs(variants, tmp, f"part{index}")
+            if opts.target == "coreml":
+                for name in files.values():
+                    onnx.checker.check_model(str(tmp / name), full_check=True)
+            parts.append({**rng.to_dict(), "graphs": files, "weights": weights})
+        embed = _write_embed(gguf, cfg, opts.quant, tmp)
+        metadata = _write_metadata(Path(gguf.path), tmp)
+        manifest = {
+            "format": FORMAT,
+            "source": {
+                "name": source_name,
+                "file": Path(gguf.path).name,
+                "path": None if source_name else str(Path(gguf.path).resolve()),
+                "sha256": file_sha256(Path(gguf.path)),
+                "size": Path(gguf.path).stat().st_size,
+            },
+            "arch": {
+                "arch": cfg.arch,
+                "n_layer": cfg.n_layer,
+                "n_embd": cfg.n_embd,
+                "n_head": cfg.n_head,
+                "n_head_kv": cfg.n_head_kv,
+                "head_dim": cfg.head_dim,
+                "n_vocab": cfg.n_vocab,
+                "context_length": cfg.context_length,
+            },
+            "target": opts.target,
+            "fused": opts.fuse,
+            "quant": report.to_dict(),
+            "accuracy_levels": opts.levels(),
+            "passes": _aggregate(records),
+            "partitions": parts,
+            "shapes": {
+                "static": opts.static,
+                "prefill_chunk": opts.prefill_chunk if opts.static else None,
+                "capacity": opts.capacity if opts.static else None,
+            },
+            "embed": embed,
+            "metadata": metadata,
+            "tensor_names": sorted(gguf.tensors),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    say(f"wrote {out}")
+    return ConvertResult(out, manifest, records, report)

@@ -1,0 +1,114 @@
+"""`edge chat` in a real terminal (tmux): send a prompt, read the answer from the screen, then SIGKILL the app
+mid-answer and check the saved history still loads."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from apps.tui.storage import ConversationStore
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Tmux:
+    def __init__(self, name: str) -> None:
+        self.socket = f"edge-test-{os.getpid()}"
+        self.name = name
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True, timeout=30
+        ).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", self.name)
+
+    def wait(self, cond: Callable[[str], bool], timeout: float = 180.0) -> str:
+        end = time.monotonic() + timeout
+        while True:
+            text = self.screen()
+            if cond(text):
+                return text
+            assert time.monotonic() < end, f"timed out; the screen shows:\n{text}"
+            time.sleep(0.25)
+
+
+def start(tmp_path: Path, edge_args: str) -> Tmux:
+    t = Tmux("chat")
+    env = f"EDGE_DATA_DIR={shlex.quote(str(tmp_path))} TERM=xterm-256color"
+    cmd = f"cd {shlex.quote(str(ROOT))} && {env} {shlex.quote(sys.executable)} -m edge.cli {edge_args}"
+    # the shell stays after the app exits, so the exit status can be read from the screen
+    t("new-session", "-d", "-s", t.name, "-x", "110", "-y", "34", f"{cmd}; echo EXIT=$?; sleep 600")
+    return t
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    t = start(tmp_path, "chat smollm2-135m --temperature 0 --max-tokens 32 --threads 2")
+    try:
+        yield t
+    finally:
+        subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def app_process(t: Tmux) -> psutil.Process:
+    shell = psutil.Process(int(t("display-message", "-p", "-t", t.name, "#{pane_pid}").strip()))
+    for p in [shell, *shell.children(recursive=True)]:
+        if "edge.cli" in " ".join(p.cmdline()):
+            return p
+    raise AssertionError("edge chat is not running in the pane")
+
+
+def test_chat_in_a_real_terminal(tmux: Tmux, tmp_path: Path) -> None:
+    loaded = tmux.wait(lambda s: "KV 0/4096" in s)
+    assert "smollm2-135m" in loaded and "llamacpp:cpu" in loaded
+
+    tmux("send-keys", "-t", tmux.name, "What is the capital of France?", "Enter")
+    done = tmux.wait(lambda s: re.search(r"tok \((eos|length)\)", s) is not None)
+    store = ConversationStore(tmp_path / "conversations")
+    (conv,) = store.conversations()
+    user, answer = conv.messages
+    assert user.content == "What is the capital of France?" and answer.content.strip()
+    # the answer is on the screen (Markdown wraps lines: compare its first words)
+    screen_words = " ".join(re.sub(r"[│╭╮╰╯─]", " ", done).split())
+    first_words = " ".join(answer.content.split()[:4])
+    assert first_words in screen_words, (first_words, done)
+
+    # SIGKILL while the next answer streams: the history keeps everything but the answer in flight
+    tmux("send-keys", "-t", tmux.name, "Tell me a long story about a dragon", "Enter")
+    tmux.wait(lambda s: "generating" in s)
+    proc = app_process(tmux)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    store = ConversationStore(tmp_path / "conversations")
+    (conv,) = store.conversations()
+    assert store.notices == []
+    assert [m.role for m in conv.messages] == ["user", "assistant", "user"]
+    assert conv.messages[1].content == answer.content
+    assert conv.messages[2].content == "Tell me a long story about a dragon"
+
+
+def test_edge_run_without_a_prompt_opens_the_app_and_ctrl_q_quits(tmp_path: Path) -> None:
+    t = start(tmp_path, "run smollm2-135m --threads 2")
+    try:
+        t.wait(lambda s: "KV 0/4096" in s and "Ctrl+J newline" in s)
+        t("send-keys", "-t", t.name, "C-q")
+        t.wait(lambda s: "EXIT=0" in s, timeout=30)
+    finally:
+        subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)

@@ -1,0 +1,191 @@
+"""Linear layers found in every emitted form and re-emitted exactly; the INT8 / INT4 quantizers, GPTQ, the
+mixed-precision policy, and the quantize / lower passes on tiny models (all three families)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+import onnx
+import pytest
+
+import graph_opt
+from graph_opt import BlockWeight, PassContext, QuantReport, QuantSpec, run_passes
+from models.transformer import BuildOptions
+from tests.graph_opt.graphs import (
+    ARCHS,
+    SPECS,
+    feeds_for,
+    max_abs_diff,
+    ops,
+    run_ort,
+    tiny_config,
+    tiny_graph,
+    to_ir,
+    to_proto,
+    token_feeds,
+)
+from tests.tiny_models import write_tiny_model
+
+T = gguf.GGMLQuantizationType
+
+
+def _kl_top1(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    def logp(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64) - x.max(-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+    la, lb = logp(a), logp(b)
+    return float((np.exp(la) * (la - lb)).sum(-1).mean()), float((a.argmax(-1) == b.argmax(-1)).mean())
+
+
+# --- recognition and emission ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("qtype", [T.F32, T.F16, T.Q4_0, T.Q4_1, T.Q5_1, T.Q8_0])
+@pytest.mark.parametrize("lowering", ["nbits_split", "qdq"])
+def test_linears_round_trip(tmp_path: Path, qtype: T, lowering: str) -> None:
+    """Every linear of a graph is found (4 per layer with fused QKV / gate-up, and the head) and re-emitted in
+    either form with identical outputs."""
+    path = write_tiny_model(tmp_path / "m.gguf", replace(SPECS["llama"], weight_type=qtype))
+    cfg = tiny_config(path)
+    proto = tiny_graph(path, BuildOptions(lowering=lowering))
+    feeds = feeds_for(proto, cfg)
+    want = run_ort(proto, feeds)
+    found = graph_opt.find_linears(to_ir(proto))
+    assert len(found) == 4 * cfg.n_layer + 1
+    for form in ("nbits", "qdq"):
+        model = to_ir(proto)
+        for lin in graph_opt.find_linears(model):
+            graph_opt.emit_linear(model, lin, lowering=form)
+        assert max_abs_diff(want, run_ort(model, feeds)) < 1e-6, form
+        assert {lin.form for lin in graph_opt.find_linears(model)} <= {form, "float"}
+
+
+# --- quantizers ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int4_per_group(group: int, symmetric: bool) -> None:
+    w = np.random.default_rng(0).standard_normal((64, 320)).astype(np.float32)  # 320: a partial last group
+    q = graph_opt.quantize_int4(w, group, symmetric=symmetric)
+    assert (q.bits, q.block_size, q.k_blocks) == (4, group, -(-320 // group))
+    assert (q.zero_points is None) == symmetric
+    assert q.codes.max() <= 15
+    err = np.sqrt(((q.dequantize() - w) ** 2).mean()) / w.std()
+    print(f"int4 g{group} {'sym' if symmetric else 'asym'}: relative rms error {err:.4f}")
+    assert err < 0.11
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int8_per_channel(symmetric: bool) -> None:
+    w = (
+        np.random.default_rng(1).standard_normal((48, 200)).astype(np.float32)
+        * np.linspace(0.1, 3, 48)[:, None]
+    )
+    q = graph_opt.quantize_int8(w, symmetric=symmetric)
+    assert q.k_blocks == 1 and q.scales.shape == (48, 1)  # one scale per output channel
+    assert np.abs(q.dequantize() - w).max(1).max() < 0.6 * np.abs(w).max(1).max() / 127
+
+
+def test_gptq_beats_round_to_nearest_on_correlated_inputs() -> None:
+    rng = np.random.default_rng(2)
+    mix = rng.standard_normal((96, 96))
+    x = rng.standard_normal((512, 96)) @ mix  # correlated input channels, as activations are
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    h = x.T @ x
+    rtn = graph_opt.quantize_int4(w, 32)
+    gptq = graph_opt.quantize_int4(w, 32, hessian=h)
+    out_err = {
+        k: float(np.linalg.norm(x @ (q.dequantize() - w).T)) for k, q in (("rtn", rtn), ("gptq", gptq))
+    }
+    print(out_err)
+    assert out_err["gptq"] < 0.8 * out_err["rtn"]
+
+
+def test_policy_plan() -> None:
+    names = [f"blk.{i}.attn_q_fused" for i in range(10)] + [f"blk.{i}.ffn_down.weight" for i in range(10)]
+    names.append("token_embd.weight")
+    sens = {i: float(i == 3) * 0.5 + float(i == 7) * 0.2 + 0.01 for i in range(10)}
+    plan = graph_opt.plan_precision(names, QuantSpec("int4", sensitive_layers=0.2), sens)
+    assert plan["token_embd.weight"] == "int8"  # the head
+    assert {n for n, p in plan.items() if p == "int8" and n.startswith("blk.")} == {
+        "blk.3.attn_q_fused",
+        "blk.3.ffn_down.weight",
+        "blk.7.attn_q_fused",
+        "blk.7.ffn_down.weight",
+    }
+    budget = graph_opt.plan_precision(names, QuantSpec("int4", kl_budget=0.1), sens)
+    assert sum(p == "int8" for p in budget.values()) == 2 * 2 + 1  # layers 3 and 7 bring the sum to 0.08
+    assert set(graph_opt.plan_precision(names, QuantSpec("int8"), sens).values()) == {"int8"}
+    assert set(graph_opt.plan_precision(names, QuantSpec("keep"), sens).values()) == {"keep"}
+
+
+def test_quant_spec_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="--quant"):
+        QuantSpec("int3")
+    with pytest.raises(ValueError, match="group"):
+        QuantSpec("int4", group=48)
+
+
+# --- the passes on tiny models ---------------------------------------------------------------------------
+
+
+def _calibration(proto: onnx.ModelProto, path: Path, steps: int = 3) -> list[dict[str, np.ndarray]]:
+    return [token_feeds(proto, path, q=32, seed=s) for s in range(steps)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantize_pass(tmp_path: Path, arch: str) -> None:
+    """INT8 per-channel and INT4 g32 (GPTQ, sensitivity-ranked INT8 layers) of F32 models, ORT lowering."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", SPECS[arch])
+    cfg = tiny_config(path)
+    proto = tiny_graph(path)
+    feeds = token_feeds(proto, path, q=32, seed=9)
+    want = run_ort(proto, feeds)["logits"]
+    for spec, kl_max in ((QuantSpec("int8"), 0.005), (QuantSpec("int4"), 0.05)):
+        model = to_ir(proto)
+        report = QuantReport(spec)
+        ctx = PassContext(
+            "ort", {"quant": spec, "quant_report": report, "calibration": _calibration(proto, path)}
+        )
+        [rec] = run_passes(model, ["quantize"], ctx)
+        assert rec.rewrites == 4 * cfg.n_layer + 1
+        assert rec.weight_bytes_after < rec.weight_bytes_before * (0.4 if spec.mode == "int8" else 0.3)
+        assert ops(model).get("MatMulNBits") == rec.rewrites
+        kl, top1 = _kl_top1(want, run_ort(model, feeds)["logits"])
+        print(f"{arch} {spec.mode}: KL {kl:.5f} top-1 {top1:.3f} {report.to_dict()['linears']}")
+        assert kl < kl_max
+        if spec.mode == "int4":
+            assert report.method == "gptq" and len(report.sensitivity) == cfg.n_layer
+            assert report.precision["token_embd.weight" if cfg.tied_embeddings else "output.weight"] == "int8"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_coreml_lowering_is_standard_onnx(tmp_path: Path, arch: str) -> None:
+    """coreml: DequantizeLinear + MatMul for every quantized linear, no com.microsoft op, onnx.checker passes,
+    and the same outputs as the MatMulNBits lowering of the same weights."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", replace(SPECS[arch], weight_type=T.Q4_0))
+    cfg = tiny_config(path)
+    proto = tiny_graph(path)
+    feeds = feeds_for(proto, cfg)
+    for spec in (QuantSpec("keep"), QuantSpec("int4", sensitive_layers=0)):
+        ort_model, coreml = to_ir(proto), to_ir(proto)
+        graph_opt.optimize(ort_model, "ort", quant=spec, fuse=False)
+        graph_opt.optimize(coreml, "coreml", quant=spec)
+        assert not [n for n in coreml.graph.all_nodes() if n.domain == "com.microsoft"]
+        assert ops(coreml)["DequantizeLinear"] >= 4 * cfg.n_layer
+        onnx.checker.check_model(to_proto(coreml), full_check=True)
+        assert max_abs_diff(run_ort(ort_model, feeds), run_ort(coreml, feeds)) < 1e-4
+
+
+def test_lower_sets_accuracy_levels(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "m.gguf", replace(SPECS["llama"], weight_type=T.Q4_0))
+    model = to_ir(tiny_graph(path))
+    graph_opt.optimize(model, "ort", accuracy_level=0, head_accuracy_level=4)
+    levels = {lin.name: lin.accuracy_level for lin in graph_opt.find_linears(model)}
+    assert levels.pop("output.weight") == 4 and set(levels.values()) == {0}
+    assert isinstance(graph_opt.find_linears(model)[0].weight, BlockWeight)
