@@ -149,6 +149,11 @@ class PartitionedDecoder:
             ]
         self.cache = RingKVCache(specs, sink=opts.sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
+        if static_q is not None and static_q > self.cache.max_step:
+            raise ValueError(
+                f"the static prefill graph takes {static_q} tokens but the KV ring holds {self.cache.max_step} "
+                "per step; convert with a smaller --prefill-chunk"
+            )
         self.chunk = max(1, min(static_q or opts.prefill_chunk, self.cache.max_step))
         self.backend = "+".join(dict.fromkeys(p.backend for p in partitions))
         self.device = "+".join(dict.fromkeys(p.device for p in partitions))

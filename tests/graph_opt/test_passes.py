@@ -97,8 +97,8 @@ def test_pipeline_keeps_outputs(
     model = to_ir(proto)
     result = graph_opt.optimize(model, target)
     first, last = result.records[0], result.records[-1]
-    if target != "coreml":
-        assert last.nodes_after < first.nodes_before * 0.75
+    # ort: ~half the nodes; openvino takes only the RMSNorm fusion (it fuses the rest itself); coreml none
+    assert last.nodes_after < first.nodes_before * {"ort": 0.5, "openvino": 0.85, "coreml": 1.0}[target]
     for q, past in ((1, 7), (4, 3)):
         feeds = feeds_for(proto, cfg, q=q, past=past, seed=q)
         want = run_ort(proto, feeds)
