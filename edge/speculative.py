@@ -41,10 +41,11 @@ AcceptRule = Callable[[np.ndarray, "np.ndarray | None", int, np.random.Generator
 # fraction of a single decode step: optimistic (batched matmuls are cheaper per token), so larger k gets tried
 # once and then judged on its measured cost.
 _OPTIMISTIC_MARGINAL = 0.25
-_EMA = 0.3  # weight of a new cost measurement
+_EMA_DOWN, _EMA_UP = 0.5, 0.1  # weight of a new cost measurement below / above the estimate
 # alpha before any evidence, and how many tokens' worth of evidence that belief is worth: optimistic, so a
 # draft is tried, and quickly overruled by what is measured
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.8, 1.0
+_EXPLORE_AFTER = 32  # plain steps in a row before drafting is probed again
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class AdaptiveK:
         self.hits, self.misses = 0.0, 0.0  # decayed counts of accepted / rejected drafted tokens
         self.verify: dict[int, float] = {}  # tokens in a target forward -> seconds (running average)
         self.draft_s: float | None = None  # seconds per drafted token (running average)
+        self._idle = 0  # rounds in a row chosen plain
 
     @property
     def alpha(self) -> float:
@@ -169,8 +171,18 @@ class AdaptiveK:
             return 0  # measure a plain step first: every other choice is weighed against it
         if self.draft_s is None:
             return min(cfg.k_probe, limit)
-        a = self.alpha
+        best_k = self._best(limit, self.alpha)
+        self._idle = 0 if best_k else self._idle + 1
+        # Evidence only comes from drafting: after a long stretch of plain steps, probe once, as long as a
+        # draft could pay at all (at 100% acceptance); else a bad stretch would stop drafting for good.
+        if self._idle >= _EXPLORE_AFTER and self._best(limit, 1.0):
+            self._idle = 0
+            return min(cfg.k_probe, limit)
+        return best_k
+
+    def _best(self, limit: int, a: float) -> int:
         best_k, best_rate = 0, 1.0 / self.verify[1]
+        assert self.draft_s is not None
         for k in range(1, limit + 1):
             expected = (1.0 - a ** (k + 1)) / (1.0 - a) if a < 1.0 else k + 1.0
             rate = expected / (k * self.draft_s + self._verify_cost(k + 1))
@@ -211,11 +223,13 @@ class AdaptiveK:
 
 
 def _average(old: float | None, new: float) -> float:
-    """Running average of a cost. Other work on the machine only ever adds time, so one slow outlier is
-    clipped to twice the estimate instead of swinging the choice of k."""
+    """Running estimate of a cost, kept near its lower envelope: other work on the machine only ever adds
+    time, so a faster measurement moves the estimate a lot and a slower one a little (clipped at 2x)."""
     if old is None:
         return new
-    return (1.0 - _EMA) * old + _EMA * min(new, 2.0 * old)
+    if new < old:
+        return (1.0 - _EMA_DOWN) * old + _EMA_DOWN * new
+    return (1.0 - _EMA_UP) * old + _EMA_UP * min(new, 2.0 * old)
 
 
 class SpeculativeDecoding:

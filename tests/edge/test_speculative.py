@@ -313,6 +313,8 @@ def test_adaptive_k_follows_acceptance_and_costs() -> None:
     for _ in range(60):
         k.observe_round(4, 0)
     assert k.choose(16) == 0  # always wrong: plain steps
+    # ... but after a long run of plain steps one probe, since a right draft would pay here
+    assert [k.choose(16) for _ in range(31)] == [0] * 30 + [4]
     for _ in range(100):
         k.observe_plain_step()
     assert k.choose(16) > 0  # old evidence fades: drafting is tried again
@@ -325,6 +327,7 @@ def test_adaptive_k_follows_acceptance_and_costs() -> None:
     for _ in range(10):
         slow.observe_round(4, 4)
     assert slow.alpha > 0.95 and slow.choose(16) == 0
+    assert not any(slow.choose(16) for _ in range(100))  # and it is never probed again
 
 
 def test_ngram_lookup() -> None:
