@@ -373,13 +373,19 @@ def _child_fallback(target: str, seconds: int, artifacts: Path) -> None:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         runs += 1
-        if resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > RSS_LIMIT_MB * 1024:
+        if _peak_rss_kib() > RSS_LIMIT_MB * 1024:
             _save(artifacts, "oom", data)
             print(f"out-of-memory: RSS over {RSS_LIMIT_MB} MB", file=sys.stderr)
             sys.exit(71)
         if rng.random() < 0.02 and len(pool) < 500:
             pool.append(data)  # no coverage signal here: keep a few mutants to go deeper
     print(f"Done {runs} runs in {seconds} second(s)", file=sys.stderr)
+
+
+def _peak_rss_kib() -> int:
+    """This process's own peak RSS. Not ru_maxrss: after a vfork+exec it starts at the parent's peak."""
+    match = re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text())
+    return int(match.group(1)) if match else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _save(folder: Path, kind: str, data: bytes) -> None:

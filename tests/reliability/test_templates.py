@@ -203,11 +203,14 @@ def test_hostile_template_in_a_model_file_is_one_clear_line(tiny_model: Path, tm
         assert_one_line_error(proc, "chat template")
 
 
+# VmHWM, not ru_maxrss: subprocess starts the child with vfork, and Linux carries the parent's peak RSS into
+# the child's ru_maxrss at exec, so inside a big pytest process ru_maxrss reads the parent's size.
 MEASURED = (
-    "import resource, sys\n"
+    "import re, sys\n"
     "from edge.cli import main\n"
     "rc = main(sys.argv[1:])\n"
-    "print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)\n"
+    "print('peak_rss_kib', hwm, file=sys.stderr)\n"
     "sys.exit(rc)\n"
 )
 
