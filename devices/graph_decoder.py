@@ -138,7 +138,8 @@ class GraphDecoder:
             )
             for k in kinds
         ]
-        self.cache = RingKVCache(specs, sink=opts.sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
+        self._specs = specs
+        self.cache = self._new_cache(opts.sink)
         # where each graph mask input comes from: the first layer of that kind
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self._kinds = kinds
@@ -158,6 +159,28 @@ class GraphDecoder:
         self.n_ctx = (
             cfg.context_length if opts.policy == "ring" or limit is None else min(limit, cfg.context_length)
         )
+
+    def _new_cache(self, sink: int) -> RingKVCache:
+        opts = self.options
+        return RingKVCache(self._specs, sink=sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
+
+    @property
+    def max_sink(self) -> int:
+        """The most tokens `set_sink` pins: half the ring, so the other half still rotates."""
+        return max(
+            self.options.sink, min((s.capacity for s in self._specs if s.window is None), default=0) // 2
+        )
+
+    def set_sink(self, n: int) -> bool:
+        """Pin the first n tokens (a chat's system prompt) when the ring wraps, at least the default sink and at
+        most `max_sink`. The slot geometry changes, so a change empties the cache; returns whether it changed."""
+        n = max(self.options.sink, min(int(n), self.max_sink))
+        if n == self.cache.sink:
+            return False
+        with self._lock:
+            self.cache = self._new_cache(n)
+            self.chunk = max(1, min(self.options.prefill_chunk, self.cache.max_step))
+        return True
 
     @property
     def position(self) -> int:

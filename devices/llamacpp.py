@@ -139,7 +139,10 @@ class LlamaCppDecoder:
                     self._ctx.decode(self._batch)
                 except RuntimeError as exc:
                     self._ctx.kv_cache_seq_rm(-1, self.position, -1)  # drop a half-written batch
-                    raise DeviceError(f"llama.cpp failed to decode: {exc}") from None
+                    raise DeviceError(
+                        f"llamacpp failed on {self.device} at position {self.position}: {exc}",
+                        hint="reset() and retry, or load the model again (on another device)",
+                    ) from exc
                 self.position += len(chunk)
                 if not last_only:
                     ptr = self._ctx.get_logits()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,8 @@ class PartitionedDecoder:
                 )
                 for k in kinds
             ]
-        self.cache = RingKVCache(specs, sink=opts.sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
+        self._specs, self._static_q = specs, static_q
+        self.cache = self._new_cache(opts.sink)
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         if static_q is not None and static_q > self.cache.max_step:
             raise ValueError(
@@ -162,6 +164,31 @@ class PartitionedDecoder:
             cfg.context_length if opts.policy == "ring" or limit is None else min(limit, cfg.context_length)
         )
         self._lock = threading.Lock()
+        # time spent in each partition's graph since load (edge bench reports it per partition)
+        self.partition_seconds = [0.0] * len(self._parts)
+
+    def _new_cache(self, sink: int) -> RingKVCache:
+        o = self.options
+        return RingKVCache(self._specs, sink=sink, policy=o.policy, max_rollback=o.max_rollback)  # type: ignore[arg-type]
+
+    @property
+    def max_sink(self) -> int:
+        """The most tokens `set_sink` pins: half the ring, so the other half still rotates (and a static
+        prefill chunk still fits one step)."""
+        half = min((s.capacity for s in self._specs if s.window is None), default=0) // 2
+        step_room = min(s.capacity for s in self._specs) - (self._static_q or 1)  # max_step >= one step
+        return max(self.options.sink, min(half, step_room))
+
+    def set_sink(self, n: int) -> bool:
+        """Pin the first n tokens (a chat's system prompt) when the ring wraps, between the default sink and
+        `max_sink`. The slot geometry changes, so a change empties the cache; returns whether it changed."""
+        n = max(self.options.sink, min(int(n), self.max_sink))
+        if n == self.cache.sink:
+            return False
+        with self._lock:
+            self.cache = self._new_cache(n)
+            self.chunk = max(1, min(self._static_q or self.options.prefill_chunk, self.cache.max_step))
+        return True
 
     @property
     def position(self) -> int:
@@ -209,7 +236,7 @@ class PartitionedDecoder:
         new_k: list[np.ndarray] = [np.empty(0)] * self.cfg.n_layer
         new_v = list(new_k)
         logits = np.empty(0)
-        for part in self._parts:
+        for index, part in enumerate(self._parts):
             names = part.inputs[variant]
             feeds = {k: v for k, v in shared.items() if k in names}
             feeds["hidden"] = hidden
@@ -218,7 +245,9 @@ class PartitionedDecoder:
                 # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
                 feeds[f"past_key_{i}"] = cache.keys[i][:, :b]
                 feeds[f"past_value_{i}"] = cache.values[i][:, :b]
+            t0 = time.perf_counter()
             out = part.runners[variant].run(feeds, part.outputs)
+            self.partition_seconds[index] += time.perf_counter() - t0
             for j, i in enumerate(part.spec.layers):
                 new_k[i], new_v[i] = out[1 + 2 * j], out[2 + 2 * j]
             if part.spec.head:

@@ -66,5 +66,5 @@ def place(inventory: Inventory, *, backend: str | None, device: str, fallback: b
         return Placement(backend, "cpu", fallback=f"{device} -> cpu")
     raise DeviceError(
         f"no {device} is usable by {backend} on this machine (found: {_everything(inventory)})",
-        hint="use --device cpu, or add --fallback to run on the CPU instead",
+        hint="use --device cpu, or add --fallback cpu to run on the CPU instead (announced)",
     )

@@ -72,6 +72,9 @@ class OrtRunner:
         so.intra_op_num_threads = _threads(opts)
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = (
+            3  # errors only: ORT's warnings (e.g. on saving the optimized graph) are noise
+        )
         if opts.cache_dir is not None:
             # the optimized graph is kept beside the source; a second start loads it without re-optimizing
             so.optimized_model_filepath = str(opts.cache_dir / "ort_optimized.onnx")

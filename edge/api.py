@@ -143,7 +143,8 @@ class Model:
 
     @property
     def fallback(self) -> str | None:
-        """None, or what replaced what (e.g. "npu -> cpu") when the requested device was absent."""
+        """None, or what replaced what: "npu -> cpu" when the requested device was absent, "ort:gpu failed ->
+        ort:cpu" after a device failed mid-run (loaded with fallback; the failing call raised DeviceLostError)."""
         return self.engine.placement.fallback
 
     @property
@@ -216,7 +217,8 @@ class Model:
         **options: Any,
     ) -> Result:
         """Answer the last message of a conversation (the whole list is the prompt; append the answer and the
-        next user message for the next turn: the earlier turns' KV is reused).
+        next user message for the next turn: the earlier turns' KV is reused). When the conversation outgrows
+        the context its oldest turns are dropped and the system prompt kept (`result.stats.window_note`).
 
         >>> msgs = [{"role": "user", "content": "Name a fruit."}]             # doctest: +SKIP
         >>> msgs.append({"role": "assistant", "content": m.chat(msgs).text})
@@ -224,14 +226,15 @@ class Model:
         >>> m.chat(msgs).stats.n_cached_tokens > 0
         True
         """
-        return self._run(self.chat_ids(messages), on_text, cancel, options)
+        keep = self.engine.system_span(messages)
+        return self._run(self.chat_ids(messages), on_text, cancel, options, keep)
 
     def chat_stream(
         self, messages: Sequence[ChatMessage], *, cancel: Cancel = None, **options: Any
     ) -> Stream:
         """`chat` as an iterator of text pieces (`Stream`)."""
         ids = self.chat_ids(messages)
-        return self._stream(ids, cancel, options)
+        return self._stream(ids, cancel, options, self.engine.system_span(messages))
 
     def chat_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt ids of a conversation: the chat template with the generation prompt, or for a base model
@@ -244,8 +247,9 @@ class Model:
         on_text: Callable[[str], None] | None,
         cancel: Cancel,
         options: Mapping[str, Any],
+        keep: int | None = None,
     ) -> Result:
-        stream = self._stream(ids, cancel, options)
+        stream = self._stream(ids, cancel, options, keep)
         with stream:
             for piece in stream:
                 if on_text is not None:
@@ -253,11 +257,15 @@ class Model:
         assert stream.result is not None
         return stream.result
 
-    def _stream(self, ids: Sequence[int], cancel: Cancel, options: Mapping[str, Any]) -> Stream:
+    def _stream(
+        self, ids: Sequence[int], cancel: Cancel, options: Mapping[str, Any], keep: int | None = None
+    ) -> Stream:
+        """`keep`: a conversation's system prompt span (kept when older turns leave the window), None for a
+        single prompt (too long for the context stays an error)."""
         opts = dict(options)
         reuse = bool(opts.pop("reuse", True))
         config = GenerateOptions(**opts).config()  # invalid options fail before the model is taken
-        return Stream(self.engine.stream_ids(ids, config, cancel=_poller(cancel), reuse=reuse))
+        return Stream(self.engine.stream_ids(ids, config, cancel=_poller(cancel), reuse=reuse, keep=keep))
 
     # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from devices.base import Decoder
 from devices.discovery import discover
 from devices.registry import DecoderOptions, open_decoder, require_backend
 from edge import __version__
@@ -56,6 +57,13 @@ class BenchConfig:
     draft: str | None = None
     draft_device: str = "cpu"
     draft_k: int = 16
+    # --plan: device plans measured beside the backends (e.g. "hetero:openvino:cpu,ort:cpu", "npu-emulated"),
+    # each through the planner, with the time of each of its partitions
+    plans: tuple[str, ...] = ()
+
+    @property
+    def entries(self) -> tuple[str, ...]:
+        return self.backends + self.plans
 
     def __post_init__(self) -> None:
         if self.draft_k < 1:
@@ -93,6 +101,8 @@ class Sample:
     decode_tok_s: float
     peak_rss_mb: float
     rss_growth_mb: float
+    # per partition of a plan: (label, prefill ms, decode ms per token)
+    partitions: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,8 +148,21 @@ class BackendResult:
         out["ratio_ttft"] = round(self.ttft_ms.median / against.ttft_ms.median, 4)
         out["decode_roofline_fraction"] = round(self.decode_tok_s.median / bound_tok_s, 4)
         out["samples"] = {
-            k: [round(getattr(s, k), 4) for s in self.samples] for k in Sample.__dataclass_fields__
+            k: [round(getattr(s, k), 4) for s in self.samples]
+            for k in Sample.__dataclass_fields__
+            if k != "partitions"
         }
+        if self.samples[0].partitions:
+            out["partitions"] = [
+                {
+                    "partition": label,
+                    "prefill_ms": round(statistics.median(s.partitions[i][1] for s in self.samples), 2),
+                    "decode_ms_per_token": round(
+                        statistics.median(s.partitions[i][2] for s in self.samples), 3
+                    ),
+                }
+                for i, (label, _, _) in enumerate(self.samples[0].partitions)
+            ]
         return out
 
 
@@ -167,6 +190,7 @@ class BenchReport:
             "edge_version": __version__,
             "settings": {
                 "backends": list(c.backends),
+                "plans": list(c.plans),
                 "against": c.against,
                 "device": c.device,
                 "prompt_tokens": c.prompt_tokens,
@@ -222,28 +246,52 @@ class _PeakRss:
         self._thread.join()
 
 
-def _measure(backend: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sample:
-    opts = DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads)
+def _open(entry: str, path: Path, cfg: BenchConfig) -> Decoder:
+    if entry in cfg.plans:
+        from devices.planned import DeviceRequest, PlannedOptions, open_requested
+
+        emulate = entry == "npu-emulated"
+        request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)
+        return open_requested(path, request, PlannedOptions(n_ctx=cfg.n_ctx, threads=cfg.threads))[0]
+    return open_decoder(entry, path, cfg.device, DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads))
+
+
+def _partition_times(dec: Decoder) -> list[float]:
+    return list(getattr(dec, "partition_seconds", []))
+
+
+def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sample:
     with _PeakRss() as rss:
         t0 = time.perf_counter()
-        dec = open_decoder(backend, path, cfg.device, opts)
+        dec = _open(entry, path, cfg)
         load_s = time.perf_counter() - t0
         try:
             rss.sample()
+            p0 = _partition_times(dec)
             t0 = time.perf_counter()
             logits = dec.forward(prompt, last_only=True)
             t_prefill = time.perf_counter() - t0
             token = int(np.argmax(logits[-1]))
             ttft = time.perf_counter() - t0
             rss.sample()
+            p1 = _partition_times(dec)
             t0 = time.perf_counter()
             for _ in range(cfg.gen_tokens):
                 token = int(np.argmax(dec.forward([token], last_only=True)[-1]))
             t_decode = time.perf_counter() - t0
             rss.sample()
+            p2 = _partition_times(dec)
+            labels = [
+                f"{p.layers.start}-{p.layers.stop - 1}{'+head' if p.head else ''} {p.backend}:{p.device}"
+                for p in getattr(dec, "partitions", [])
+            ]
         finally:
             dec.close()
     mb = 2**20
+    parts = tuple(
+        (label, (p1[i] - p0[i]) * 1e3, (p2[i] - p1[i]) * 1e3 / cfg.gen_tokens)
+        for i, label in enumerate(labels if len(p0) == len(labels) else [])
+    )
     return Sample(
         load_s=load_s,
         ttft_ms=ttft * 1e3,
@@ -251,6 +299,7 @@ def _measure(backend: str, path: Path, prompt: list[int], cfg: BenchConfig) -> S
         decode_tok_s=cfg.gen_tokens / t_decode,
         peak_rss_mb=rss.peak / mb,
         rss_growth_mb=(rss.peak - rss.baseline) / mb,
+        partitions=parts,
     )
 
 
@@ -279,7 +328,7 @@ def machine_info(threads: int | None) -> dict[str, Any]:
 
 def total_steps(cfg: BenchConfig) -> int:
     """Steps `run_bench` announces through `on_step`: the bandwidth measurement, then backends x rounds."""
-    return 1 + cfg.repeat * len(cfg.backends) + (1 if cfg.draft else 0)
+    return 1 + cfg.repeat * len(cfg.entries) + (1 if cfg.draft else 0)
 
 
 def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] | None = None) -> BenchReport:
@@ -297,14 +346,15 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     step("memory bandwidth", 0)
     weights = weight_bytes_per_token(gguf)
     bw = measure_read_bandwidth(machine["threads"])
-    samples: dict[str, list[Sample]] = {b: [] for b in cfg.backends}
+    entries = cfg.entries
+    samples: dict[str, list[Sample]] = {b: [] for b in entries}
     for r in range(cfg.repeat):
-        for b in cfg.backends:
-            step(f"round {r + 1}/{cfg.repeat} {b}", 1 + r * len(cfg.backends) + cfg.backends.index(b))
+        for b in entries:
+            step(f"round {r + 1}/{cfg.repeat} {b}", 1 + r * len(entries) + entries.index(b))
             samples[b].append(_measure(b, path, prompt, cfg))
     draft = None
     if cfg.draft:
-        step(f"draft {cfg.draft}: {cfg.repeat} rounds", 1 + cfg.repeat * len(cfg.backends))
+        step(f"draft {cfg.draft}: {cfg.repeat} rounds", 1 + cfg.repeat * len(entries))
         draft = measure_draft(
             path,
             model,
@@ -329,7 +379,7 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         results.append(
             BackendResult(
                 backend=b,
-                device=cfg.device,
+                device=cfg.device if b in cfg.backends else "plan",
                 load_cold_s=ss[0].load_s,
                 load_s=Stat.of(warm),
                 ttft_ms=Stat.of([s.ttft_ms for s in ss]),

@@ -55,6 +55,18 @@ def bench_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def partition_lines(report: dict[str, Any]) -> list[str]:
+    """Per-partition time of each plan measured (`edge bench --plan`): where a token's time goes."""
+    lines = []
+    for r in report["results"]:
+        for p in r.get("partitions", []):
+            lines.append(
+                f"{r['backend']}: partition {p['partition']}: prefill {p['prefill_ms']:.1f} ms, "
+                f"decode {p['decode_ms_per_token']:.2f} ms/token"
+            )
+    return lines
+
+
 # (key, panel title, unit, higher is better, ratio key)
 _PANELS = (
     ("prefill_tok_s", "Prefill", "tok/s", True, "ratio_prefill"),

@@ -9,6 +9,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from edge import __version__
 from edge.errors import EdgeError
@@ -73,7 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = LoadOptions(
         backend=args.backend,
         device=args.device,
-        fallback=args.fallback,
+        fallback=args.fallback or False,
+        emulate=args.emulate,
         n_ctx=args.ctx_size,
         n_threads=args.threads,
         draft=args.draft,
@@ -83,11 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with load(model, opts) as m:
         p = m.placement
         if args.explain:
-            print(
-                f"plan: {m.name} whole model on {p.backend}:{p.device}"
-                f"{' (fallback ' + p.fallback + ')' if p.fallback else ''}; one partition (llama.cpp owns the graph)",
-                file=sys.stderr,
-            )
+            print(_explain(m), file=sys.stderr)
         if p.fallback:
             print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
         if m.template is None and not args.raw:
@@ -129,6 +127,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(m: Any) -> str:
+    """The plan of `edge run --explain`: the planner's when the request went through it, else the one device."""
+    if m.plan is not None:
+        return f"{m.name}: {m.plan.explain()}"
+    p = m.placement
+    note = f" (fallback {p.fallback})" if p.fallback else ""
+    what = "llama.cpp owns the graph" if p.backend == "llamacpp" else "edge's graph with the ring-buffer KV"
+    return (
+        f"plan: {m.name} whole model on {p.backend}:{p.device}{note}; one partition ({what})\n"
+        "  why: one device was asked for; --device auto or hetero:A,B plan from measured device speeds"
+    )
+
+
 def _stdout_writer() -> Callable[[str], None]:
     def write(piece: str) -> None:
         sys.stdout.write(piece)
@@ -159,7 +170,7 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
             model=model,
             device=args.device,
             backend=args.backend,
-            fallback=args.fallback,
+            fallback=args.fallback is not None,
             draft=args.draft,
             system=getattr(args, "system", None) or "",
             temperature=args.temperature,
@@ -207,12 +218,22 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def cmd_devices(args: argparse.Namespace) -> int:
     from devices.discovery import discover
     from devices.placement import RUNNABLE_BACKENDS
+    from devices.probe import device_profiles
 
     inv = discover()
+    # the planner's measured bandwidth per (backend, device): cached figures, measured again with --probe
+    probed = {
+        (p.backend, p.name): p.bandwidth_gbs
+        for p in device_profiles(inv, measure=args.probe, refresh=args.probe)
+        if p.measured
+    }
     if args.json:
         data = inv.to_dict()
         for b in data["backends"]:  # discovered is not the same as able to run a model in this version
             b["runs_models"] = b["available"] and b["name"] in RUNNABLE_BACKENDS
+            for d in b["devices"]:
+                gbs = probed.get((b["name"], d["name"]))
+                d["probe_gb_s"] = None if gbs is None else round(gbs, 2)
         print(json.dumps(data))
         return 0
     from rich.console import Console
@@ -228,7 +249,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     console.print(f"[bold]Memory[/] {inv.memory_available_mb} MB free of {inv.memory_total_mb} MB · {inv.os}")
     table = Table("backend", "status", "version", "devices")
     for b in inv.backends:
-        devs = ", ".join(f"{d.name} ({d.kind})" for d in b.devices)
+        devs = ", ".join(
+            f"{d.name} ({d.kind}"
+            + (f", {probed[(b.name, d.name)]:.1f} GB/s" if (b.name, d.name) in probed else "")
+            + ")"
+            for d in b.devices
+        )
         if b.available:
             runs = b.name in RUNNABLE_BACKENDS
             status = "[green]ready[/]" if runs else "found (no model runner in this version)"
@@ -238,6 +264,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             status += f" ({b.hint})"
         table.add_row(b.name, status, b.version, devs)
     console.print(table)
+    if not probed:
+        console.print("GB/s: not measured yet; `edge devices --probe` measures each device (a few seconds)")
     return 0
 
 
@@ -297,7 +325,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from edge.bench import BenchConfig, run_bench, total_steps
-    from edge.bench_report import bench_table, write_plot
+    from edge.bench_report import bench_table, partition_lines, write_plot
 
     cfg = BenchConfig(
         backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
@@ -310,6 +338,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft=args.draft,
         draft_device=args.draft_device,
         draft_k=args.draft_k,
+        plans=tuple(args.plan or ()),
     )
     err = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
@@ -329,6 +358,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench = run_bench(args.model, cfg, on_step=step)
     report = bench.to_dict()
     (err if args.json == "-" else Console()).print(bench_table(report))
+    for line in partition_lines(report):
+        (err if args.json == "-" else Console()).print(line, highlight=False)
     if bench.draft is not None:
         (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
     if args.plot:
@@ -396,10 +427,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt"
     )
-    run.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:A,B (default cpu)")
+    run.add_argument(
+        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
+    )
     run.add_argument("--backend", default=None, help="llamacpp | ort | openvino | coreml (default llamacpp)")
     run.add_argument(
-        "--fallback", action="store_true", help="run on the CPU if the device is absent (announced)"
+        "--fallback",
+        nargs="?",
+        const="cpu",
+        default=None,
+        metavar="DEVICE",
+        help="run on DEVICE (default cpu) if the asked-for one is absent (announced)",
+    )
+    run.add_argument(
+        "--emulate", action="store_true", help="--device npu: the NPU-shaped static graphs, run on the CPU"
     )
     run.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
     run.add_argument(
@@ -423,9 +464,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the terminal chat app (Textual)")
     chat.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path")
-    chat.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto (default cpu)")
+    chat.add_argument(
+        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
+    )
     chat.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
-    chat.add_argument("--fallback", action="store_true", help="run on the CPU if the device is absent")
+    chat.add_argument(
+        "--fallback",
+        nargs="?",
+        const="cpu",
+        default=None,
+        metavar="DEVICE",
+        help="run on DEVICE (default cpu) if the asked-for one is absent",
+    )
     chat.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
     chat.add_argument("--system", default="", help="system prompt of new conversations")
     chat.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
@@ -444,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("devices", help="CPU, memory and the devices each backend can use")
     dev.add_argument("--json", action="store_true")
+    dev.add_argument(
+        "--probe", action="store_true", help="measure each device's bandwidth again (the planner's cost)"
+    )
     dev.set_defaults(func=cmd_devices)
 
     mod = sub.add_parser("models", help="the catalog and what is pulled")
@@ -459,6 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("model", help="catalog name or .gguf path")
     ben.add_argument("--backends", default="llamacpp", help="comma-separated (default llamacpp)")
     ben.add_argument("--against", default="llamacpp", help="backend the ratios are relative to")
+    ben.add_argument(
+        "--plan",
+        action="append",
+        metavar="DEVICE",
+        help="also measure a device plan, e.g. hetero:openvino:cpu,ort:cpu or npu-emulated (repeatable); "
+        "reports each partition's time",
+    )
     ben.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
     ben.add_argument("--prompt-tokens", type=int, default=128)
     ben.add_argument("--gen-tokens", type=int, default=128)

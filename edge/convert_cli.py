@@ -1,5 +1,6 @@
 """`edge convert MODEL --target ort|openvino|coreml [--quant keep|int8|int4] [--partitions N] [-o DIR]
-[--explain]`: write an artifact directory (see models/artifact.py) and say what each pass did."""
+[--explain]`: write an artifact directory (see models/artifact.py) and say what each pass did. With
+`--target coreml` each partition graph is also exported as a Core ML `.mlpackage` (devices/coreml.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def explain_lines(manifest: dict[str, Any]) -> list[str]:
         lines.append(
             f"partition {i}: layers {part['first_layer']}-{part['last_layer'] - 1}{head}: {sorted(part['graphs'].values())}"
         )
+        if part.get("mlpackages"):
+            lines.append(f"{'':<13}Core ML: {sorted(part['mlpackages'].values())}")
     return lines
 
 
@@ -100,6 +103,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         capacity=args.capacity,
         accuracy_level=args.accuracy_level,
     )
+    if args.target == "coreml":
+        from devices.coreml import check_available
+
+        check_available()  # before the conversion, not after it
     path = resolve_model(args.model)
     out = args.output or Path(f"{path.stem}-{args.target}-{args.quant}")
     quiet = args.json
@@ -110,6 +117,15 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     result = convert(path, out, opts, source_name=args.model if args.model in CATALOG else None, log=log)
     m = result.manifest
+    if args.target == "coreml":
+        from devices.coreml import export_artifact
+        from models.artifact import record_mlpackages
+
+        # a dynamic artifact gets fixed-shape packages too (prefill chunk, decode step): see devices/coreml.py
+        packages = export_artifact(
+            result.path, prefill_chunk=args.prefill_chunk, capacity=args.capacity, log=log
+        )
+        m = record_mlpackages(result.path, packages)
     if args.json:
         print(
             json.dumps(

@@ -47,6 +47,18 @@ class DeviceError(EdgeError):
     """A requested device or backend is not available."""
 
 
+class DeviceLostError(DeviceError):
+    """A backend failed mid-generation (the device went away, a driver error). `failed` is the "backend:device"
+    that failed; `switched_to` the one the model now runs on when it was loaded with fallback, else None."""
+
+    def __init__(
+        self, message: str, *, failed: str, switched_to: str | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.failed = failed
+        self.switched_to = switched_to
+
+
 class BackendUnavailableError(DeviceError):
     """A backend's SDK is not installed or cannot load."""
 

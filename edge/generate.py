@@ -49,6 +49,20 @@ class GenerationStats:
     decode_steps: int = 0  # tokens chosen by the steps timed in decode_s (one per step without a draft)
     stop_reason: str = ""  # "eos" | "stop" | "length" | "context" | "cancelled"
     draft: DraftStats | None = None  # speculative decoding's statistics, when a draft was used
+    # Older turns that left the window (cut before the prefill or evicted by the ring) and the system prompt
+    # tokens kept in their place; 0 while the conversation fits.
+    n_dropped_tokens: int = 0
+    n_kept_tokens: int = 0
+
+    @property
+    def window_note(self) -> str | None:
+        """What the stats line says when older turns left the window, else None."""
+        if self.n_dropped_tokens <= 0:
+            return None
+        return (
+            f"older turns left the window ({self.n_dropped_tokens} tokens dropped, "
+            f"system prompt's {self.n_kept_tokens} kept)"
+        )
 
     @property
     def prefill_tok_s(self) -> float:
@@ -146,8 +160,10 @@ class Generation:
         raise_on_cancel: bool = False,
         decoding: Decoding | None = None,
         session: KVSession | None = None,
+        keep: int | None = None,
     ) -> None:
         self.decoder = decoder
+        self.keep = keep  # a conversation's system prompt span (KVSession.window); None: a plain prompt
         self.decoding = decoding  # None: plain decoding on `decoder`
         self.session = session  # None: reset the decoder; else reuse the KV it holds (edge.session)
         self.tokenizer = tokenizer
@@ -178,6 +194,9 @@ class Generation:
 
     def _generate(self) -> Iterator[str]:
         cfg, dec, tok = self.config, self.decoder, self.tokenizer
+        if self.session is not None and self.prompt_ids:  # a conversation too long drops its oldest turns
+            self.prompt_ids = self.session.window(self.prompt_ids, keep=self.keep, reserve=cfg.max_tokens)
+            self.stats.n_prompt_tokens = len(self.prompt_ids)
         self._check_fits()
         decoding = self.decoding or PlainDecoding(dec)
         stopper = _StopMatcher(cfg.stop)
@@ -236,6 +255,9 @@ class Generation:
         stats.n_tokens = len(self.token_ids)
         stats.decode_s = t_decode
         stats.draft = decoding.draft_stats()
+        if self.session is not None:
+            kv = self.session.state()
+            stats.n_dropped_tokens, stats.n_kept_tokens = kv.dropped, kv.kept if kv.dropped else 0
         if not stopper.hit:
             tail = stopper.feed(stream.flush())
             tail += "" if stopper.hit else stopper.flush()

@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 
 from devices.base import Decoder
-from devices.discovery import discover
-from devices.placement import Placement, place
+from devices.placement import Placement
+from devices.planned import DeviceRequest, PlannedOptions, open_requested
+from devices.planner import Plan
 from devices.registry import DecoderOptions, open_decoder
-from edge.errors import EdgeError, InsufficientMemoryError
+from edge.errors import DeviceError, DeviceLostError, EdgeError, InsufficientMemoryError
 from edge.generate import Generation, GenerationConfig, GenerationStats
-from edge.session import KVSession
+from edge.session import KVSession, common_prefix
 from edge.speculative import SpecConfig, SpeculativeDecoding
 from models.arch import check_block_count
 from models.artifact import is_artifact, open_artifact
@@ -31,8 +32,10 @@ from models.tokenizer import Tokenizer, load_tokenizer
 @dataclass(frozen=True)
 class LoadOptions:
     backend: str | None = None
-    device: str = "cpu"
-    fallback: bool = False
+    device: str = "cpu"  # cpu | gpu | npu | auto | hetero:[backend:]device,...
+    # A device kind to run on when the asked-for one is absent (announced); True means "cpu".
+    fallback: bool | str = False
+    emulate: bool = False  # --device npu: the NPU-shaped static graphs compiled on the CPU
     n_ctx: int = 4096
     n_threads: int | None = None
     # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
@@ -84,6 +87,9 @@ class Model:
         self._lock = threading.RLock()
         self._busy = False  # a generation is running (the RLock alone lets one thread interleave two)
         self.speculative: SpeculativeDecoding | None = None  # load(..., LoadOptions(draft=...)) sets it
+        self.plan: Plan | None = None  # the planner's plan, when the device request went through it
+        self.options = LoadOptions()  # load() sets them: n_ctx, threads and fallback for a device switch
+        self._closed = False
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -116,6 +122,25 @@ class Model:
             return "".join(str(m.get("content", "")) for m in messages)
         return self.template.render(messages, add_generation_prompt=True)
 
+    def system_span(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """How many leading ids of the conversation's rendered prompt are its system prompt (kept when older
+        turns leave the window): the leading system messages rendered alone, or a default system prompt the
+        template adds (a user turn and an assistant turn rendered first share it). 0 when there is none."""
+        if self.template is None:
+            return 0
+        try:
+            system = [m for m in messages[:1] if m.get("role") == "system"]
+            if system:
+                head = self.encode_prompt(self.template.render(system, add_generation_prompt=False))
+                return common_prefix(head, self.encode_prompt(self.render_chat(messages)))
+            # NOTE: minus 1: the turn opener (e.g. <|im_start|>) the two share after the default system prompt
+            a, b = ({"role": r, "content": "x"} for r in ("user", "assistant"))
+            user = self.encode_prompt(self.template.render([a], add_generation_prompt=False))
+            assistant = self.encode_prompt(self.template.render([b], add_generation_prompt=False))
+            return max(0, common_prefix(user, assistant) - 1)
+        except EdgeError:  # a template that refuses these shapes: pin nothing beyond the default sink
+            return 0
+
     def prompt_ids(self, prompt: str, *, raw: bool = False, system: str | None = None) -> list[int]:
         if raw or self.template is None:
             return self.encode_prompt(prompt)
@@ -137,16 +162,8 @@ class Model:
         ids = self.prompt_ids(prompt, raw=raw)
         with self._turn():
             self.session.invalidate()  # a from-scratch prefill (stream_ids reuses the KV)
-            gen = Generation(
-                self.decoder,
-                self.tokenizer,
-                ids,
-                config,
-                cancel=cancel,
-                decoding=self.speculative,
-                session=self.session,
-            )
-            yield from gen
+            gen = self._generation(ids, config, cancel, None)
+            yield from self._guarded(gen)
             self.last = self._result(gen)
 
     def generate(
@@ -161,16 +178,8 @@ class Model:
         ids = self.prompt_ids(prompt, raw=raw)
         with self._turn():
             self.session.invalidate()  # a from-scratch prefill (stream_ids reuses the KV)
-            gen = Generation(
-                self.decoder,
-                self.tokenizer,
-                ids,
-                config,
-                cancel=cancel,
-                decoding=self.speculative,
-                session=self.session,
-            )
-            for piece in gen:
+            gen = self._generation(ids, config, cancel, None)
+            for piece in self._guarded(gen):
                 if on_text is not None:
                     on_text(piece)
             return self._result(gen)
@@ -182,6 +191,7 @@ class Model:
         *,
         cancel: Callable[[], bool] | None = None,
         reuse: bool = True,
+        keep: int | None = None,
     ) -> Generator[str, None, Result]:
         """Yield text pieces for a prompt already tokenized (a rendered chat); the generator returns the
         Result (`result = yield from model.stream_ids(ids)`), so no other thread's call can replace it.
@@ -190,21 +200,104 @@ class Model:
         rest is prefilled. NOTE: llama.cpp's logits depend on how a prompt is split into batches (bit-exact
         for Q4_1 splits of >= 2 tokens, not for K-quants), so reuse may flip a near-tie; reuse=False always
         prefills from scratch, as `generate` and `stream` do.
+        `keep`: the ids are a conversation whose first `keep` ids are its system prompt (`system_span`): when it
+        outgrows the context its oldest turns are dropped and those kept (`KVSession.window`).
         """
         with self._turn():
             if not reuse:
                 self.session.invalidate()
-            gen = Generation(
-                self.decoder,
-                self.tokenizer,
-                ids,
-                config,
-                cancel=cancel,
-                decoding=self.speculative,
-                session=self.session,
-            )
-            yield from gen
+            gen = self._generation(ids, config, cancel, keep)
+            yield from self._guarded(gen)
             return self._result(gen)
+
+    def _generation(
+        self,
+        ids: Sequence[int],
+        config: GenerationConfig | None,
+        cancel: Callable[[], bool] | None,
+        keep: int | None,
+    ) -> Generation:
+        return Generation(
+            self.decoder,
+            self.tokenizer,
+            ids,
+            config,
+            cancel=cancel,
+            decoding=self.speculative,
+            session=self.session,
+            keep=keep,
+        )
+
+    def _guarded(self, gen: Generation) -> Iterator[str]:
+        """Iterate `gen`; a backend failing mid-run (DeviceError from the decoder) leaves the KV untrusted (the
+        session resets it) and, with fallback, moves the model to another device before the error is raised."""
+        try:
+            yield from gen
+        except DeviceError as exc:
+            if self._closed or isinstance(exc, DeviceLostError):
+                raise
+            raise self._device_lost(exc, gen) from exc
+
+    def _device_lost(self, exc: DeviceError, gen: Generation) -> DeviceLostError:
+        p = self.placement
+        failed = f"{p.backend}:{p.device}"
+        if not self.options.fallback:
+            return DeviceLostError(
+                f"{failed} failed mid-generation: {exc.message}",
+                failed=failed,
+                hint="load the model again, or load it with fallback (--fallback) to continue on another device",
+            )
+        for backend, device in _takeover_candidates(p.backend, p.device):
+            try:
+                decoder = open_decoder(
+                    backend,
+                    self.path,
+                    device,
+                    DecoderOptions(n_ctx=self.options.n_ctx, n_threads=self.options.n_threads),
+                )
+            except Exception:  # that one is unusable too (absent SDK, no such device): try the next
+                continue
+            self._switch(
+                decoder, Placement(backend, device, fallback=f"{failed} failed -> {backend}:{device}")
+            )
+            self._prefill_again(gen)
+            return DeviceLostError(
+                f"{failed} failed mid-generation ({exc.message}); switched to {backend}:{device}",
+                failed=failed,
+                switched_to=f"{backend}:{device}",
+                hint=f"send the prompt again: the model now runs on {backend}:{device}",
+            )
+        return DeviceLostError(
+            f"{failed} failed mid-generation ({exc.message}) and no other device could take over",
+            failed=failed,
+            hint="load the model again",
+        )
+
+    def _switch(self, decoder: Decoder, placement: Placement) -> None:
+        old = self.decoder
+        self.decoder, self.placement, self.plan = decoder, placement, None
+        self.session = self.session.moved_to(decoder)
+        if self.speculative is not None:
+            spec = self.speculative
+            self.speculative = SpeculativeDecoding(decoder, spec.drafter, spec.config)
+        with contextlib.suppress(Exception):  # the failed backend may not even close cleanly
+            old.close()
+
+    def _prefill_again(self, gen: Generation) -> None:
+        """Re-prefill the conversation the failed call was answering (as it was fed: cut when it had outgrown
+        the context), so sending it again prefills only its last ids; a failure here leaves an empty session."""
+        prompt_ids = gen.prompt_ids
+        if len(prompt_ids) < 2:
+            return
+        set_sink = getattr(self.decoder, "set_sink", None)
+        try:
+            if gen.keep is not None and callable(set_sink):
+                set_sink(gen.keep)  # the ring geometry the conversation's next call asks for
+            self.session.prepare(prompt_ids)
+            self.decoder.forward(prompt_ids, last_only=True)
+            self.session.settle(prompt_ids)
+        except Exception:
+            self.session.invalidate()
 
     def _result(self, gen: Generation) -> Result:
         p = self.placement
@@ -214,6 +307,7 @@ class Model:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self.speculative is not None:
                 self.speculative.close()
             self.decoder.close()
@@ -223,6 +317,17 @@ class Model:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _takeover_candidates(backend: str, device: str) -> list[tuple[str, str]]:
+    """Where a model whose (backend, device) failed mid-run goes next: the same backend on the CPU, then
+    llama.cpp (the reference) on the CPU, then the other graph backends on the CPU."""
+    order = [(backend, "cpu"), ("llamacpp", "cpu"), ("ort", "cpu"), ("openvino", "cpu")]
+    out: list[tuple[str, str]] = []
+    for c in order:
+        if c != (backend, device) and c not in out:
+            out.append(c)
+    return out
 
 
 @dataclass(frozen=True)
@@ -302,14 +407,16 @@ def load(model: str | None = None, options: LoadOptions | None = None) -> Model:
         check_block_count(gguf.metadata, gguf.tensors)
         check_memory(gguf, opts.n_ctx, opts.available_memory)
     tokenizer = load_tokenizer(gguf.metadata)
-    backend = opts.backend or (artifact.target if artifact is not None else "llamacpp")
-    placement = place(discover((backend,)), backend=backend, device=opts.device, fallback=opts.fallback)
-    decoder = open_decoder(
-        placement.backend, path, placement.device, DecoderOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads)
+    fallback = "cpu" if opts.fallback is True else (opts.fallback or None)
+    request = DeviceRequest(opts.backend, opts.device, fallback, opts.emulate)
+    decoder, placement, plan = open_requested(
+        path, request, PlannedOptions(n_ctx=opts.n_ctx, threads=opts.n_threads)
     )
     try:
         display = name if name in CATALOG else path.name
         loaded = Model(display, path, gguf, decoder, placement, tokenizer=tokenizer)
+        loaded.plan = plan
+        loaded.options = opts
         if opts.draft:
             from edge.drafters import open_drafter
 

@@ -4,6 +4,10 @@ part that differs.
 A chat re-renders the whole conversation every turn; its rendered ids share a long prefix with what the KV
 already holds (the earlier turns). `KVSession.prepare` keeps the longest common prefix, rolls back the rest (or
 resets when the decoder cannot roll back that far) and tells the generation how many prompt ids to skip.
+
+When a conversation outgrows the context, `KVSession.window` keeps its first `keep` ids (the system prompt) and
+drops the oldest turns after them. A ring-buffer decoder pins those ids as its sinks instead (`set_sink`), so it
+wraps across turns with the system prompt held; llama.cpp's linear cache gets the cut prompt re-prefilled.
 """
 
 from __future__ import annotations
@@ -38,11 +42,18 @@ class KVState:
     fill: int  # slots in use
     ring: bool  # a ring-buffer cache (edge's graph engine); False: llama.cpp's linear cache
     sink: int = 0  # slots pinned to the first tokens when the ring wraps
+    dropped: int = 0  # conversation tokens no longer attended: cut by `KVSession.window` or ring-evicted
+    kept: int = 0  # the conversation's first tokens (its system prompt) kept when older turns are dropped
 
     @property
     def wrapped(self) -> bool:
         """Older tokens have left the window (only the sinks and the most recent tokens are attended)."""
         return self.ring and self.position > self.capacity
+
+    @property
+    def left_window(self) -> bool:
+        """Older turns left the window (on any backend)."""
+        return self.dropped > 0
 
     @property
     def fill_ratio(self) -> float:
@@ -62,10 +73,51 @@ class KVSession:
         self._held: list[int] = []
         self._known = True  # False after an error mid-generation: the KV content is not trusted
         self.reused_last = 0  # prompt ids the last prepare kept (for stats and tests)
+        self._cut: _Cut | None = None  # the last `window` cut, reused while the same conversation goes on
 
     @property
     def held(self) -> list[int]:
         return list(self._held)
+
+    def window(self, prompt_ids: Sequence[int], *, keep: int | None, reserve: int = 0) -> list[int]:
+        """The ids to feed for a conversation's `prompt_ids` whose first `keep` ids are its system prompt
+        (None: not a conversation; nothing is pinned or cut, a prompt too long stays an error).
+
+        A ring-buffer decoder pins the first `keep` ids as its sinks. When the prompt plus `reserve` (room for
+        the answer, at most a quarter of the context) exceeds the context, the oldest ids after `keep` are cut,
+        down to half the free room and at the start of a turn (the id that follows the system prompt opens every
+        turn in the templates we know), so the next turns reuse the cut KV until it fills again.
+        NOTE: llama.cpp can shift its cache instead (seq_rm + seq_add re-rotate K in place); a re-prefill keeps
+        the KV exactly what a fresh prefill of the cut prompt computes, so later turns reuse it and match a
+        fresh session, on every backend, at the cost of one prefill of half the context per cut.
+        """
+        ids = list(prompt_ids)
+        if keep is None:
+            self._cut = None
+            return ids
+        dec = self.decoder
+        set_sink = getattr(dec, "set_sink", None)
+        if callable(set_sink):
+            set_sink(keep)  # a change empties the cache; prepare() sees position != len(held) and resets
+        limit = dec.n_ctx
+        k = max(0, min(keep, limit // 2, len(ids)))
+        reserve = max(0, min(reserve, (limit - k) // 4))
+        cut = self._cut
+        dropped = 0
+        if cut is not None and cut.keep == k and ids[: k + cut.dropped] == cut.head:
+            dropped = cut.dropped  # the same conversation: keep the same cut, the KV after it is reused
+        if len(ids) - dropped + reserve > limit:
+            tail = max(2, (limit - k - reserve) // 2)
+            start = max(k + dropped, len(ids) - tail)
+            if 0 < k < len(ids):  # snap forward to the start of a turn, when one opens before the last 2 ids
+                opener = ids[k]
+                start = next((j for j in range(start, len(ids) - 2) if ids[j] == opener), start)
+            dropped = start - k
+        if dropped == 0:
+            self._cut = _Cut(k, 0, [])
+            return ids
+        self._cut = _Cut(k, dropped, ids[: k + dropped])
+        return ids[:k] + ids[k + dropped :]
 
     def prepare(self, prompt_ids: Sequence[int]) -> int:
         """Bring the KV to the longest prefix of `prompt_ids` it can keep and return that prefix's length.
@@ -116,6 +168,12 @@ class KVSession:
         self._held = []
         self._known = False
 
+    def moved_to(self, decoder: Decoder) -> KVSession:
+        """A session for another decoder that takes this conversation over: nothing held, the same cut."""
+        moved = KVSession(decoder)
+        moved._cut = self._cut
+        return moved
+
     def track(self, gen: Generation, pieces: Iterator[str]) -> Iterator[str]:
         """Yield `pieces` (the generation's own iterator) and settle the history when it ends, however it
         ends: finished, cancelled or closed early by the consumer; an error invalidates it."""
@@ -136,12 +194,34 @@ class KVSession:
         dec = self.decoder
         cache = getattr(dec, "cache", None)
         capacity = getattr(cache, "capacity", None)
+        cut = self._cut.dropped if self._cut is not None else 0
         if cache is not None and capacity:
+            position, sink = int(cache.position), int(getattr(cache, "sink", 0))
             return KVState(
-                position=int(cache.position),
+                position=position,
                 capacity=int(capacity),
                 fill=int(cache.fill),
                 ring=True,
-                sink=int(getattr(cache, "sink", 0)),
+                sink=sink,
+                dropped=cut + max(0, position - int(capacity)),  # the ring evicted all beyond its capacity
+                kept=sink,
             )
-        return KVState(position=dec.position, capacity=dec.n_ctx, fill=dec.position, ring=False)
+        kept = self._cut.keep if self._cut is not None and cut else 0
+        return KVState(
+            position=dec.position,
+            capacity=dec.n_ctx,
+            fill=dec.position,
+            ring=False,
+            dropped=cut,
+            kept=kept,
+        )
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """Where `KVSession.window` cut a conversation: ids [keep, keep + dropped) are gone; `head` is the prompt up
+    to the cut's end, so the next turn of the same conversation keeps the same cut."""
+
+    keep: int
+    dropped: int
+    head: list[int]

@@ -7,6 +7,8 @@ DIR/embed.npy              token_embd rows in a GGUF block format (uint8 [n_voca
                            per looked-up row by the numpy embed partition
 DIR/part<i>.<shape>.onnx   partition i per shape variant: "dynamic", or "prefill" and "decode" (static)
 DIR/part<i>.weights        its initializers (external data, shared by its shape variants)
+DIR/part<i>.<shape>.mlpackage   coreml target: the Core ML program of each shape (devices/coreml.py), listed
+                           in the partition's "mlpackages" once written
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ __all__ = [
     "file_sha256",
     "is_artifact",
     "open_artifact",
+    "record_mlpackages",
 ]
 
 MANIFEST = "manifest.json"
@@ -61,6 +64,7 @@ class ArtifactPartition:
     head: bool
     graphs: dict[str, str]  # shape variant -> file name
     weights: str
+    mlpackages: dict[str, str] = field(default_factory=dict)  # shape variant -> .mlpackage dir (coreml)
 
     @property
     def layers(self) -> range:
@@ -93,6 +97,7 @@ class Artifact:
                     bool(p["head"]),
                     dict(p["graphs"]),
                     p["weights"],
+                    dict(p.get("mlpackages", {})),
                 )
                 for p in manifest["partitions"]
             ]
@@ -113,6 +118,9 @@ class Artifact:
             for name in (*part.graphs.values(), part.weights):
                 if Path(name).name != name or not (path / name).is_file():
                     raise ModelFormatError(f"{path}: partition file {name!r} is missing or not a plain name")
+            for name in part.mlpackages.values():
+                if Path(name).name != name or not (path / name).is_dir():
+                    raise ModelFormatError(f"{path}: Core ML package {name!r} is missing or not a plain name")
 
     @cached_property
     def metadata(self) -> GGUFFile:
@@ -178,6 +186,19 @@ def open_artifact(path: str | Path) -> Artifact:
     if not isinstance(manifest, dict):
         raise ModelFormatError(f"{p / MANIFEST} is not a JSON object")
     return Artifact(p, manifest)
+
+
+def record_mlpackages(path: str | Path, packages: Sequence[Mapping[str, str]]) -> dict[str, Any]:
+    """List each partition's Core ML packages (shape variant -> directory name) in the manifest; returns it."""
+    p = Path(path)
+    manifest = open_artifact(p).manifest
+    if len(packages) != len(manifest["partitions"]):
+        raise ValueError(f"{len(packages)} package sets for {len(manifest['partitions'])} partitions")
+    for part, pkgs in zip(manifest["partitions"], packages, strict=True):
+        part["mlpackages"] = dict(pkgs)
+    (p / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    open_artifact(p)  # the names written must pass the same checks as on reading
+    return manifest
 
 
 def embed_scale(cfg: ArchConfig) -> float | None:

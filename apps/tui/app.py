@@ -298,6 +298,13 @@ class ChatApp(App[None]):
         await self._end_stream(pending, stream)
         self.generating = False
         self._notice(f"generation failed: {error}")
+        model = self.model
+        if model is not None and self.info is not None and ModelInfo.of(model) != self.info:
+            # a device failed and the model moved to another one (loaded with fallback): say where it runs now
+            self.info = ModelInfo.of(model)
+            self.sub_title = f"{model.name} on {model.backend}:{model.device}"
+            self.notify(f"device switched: {model.fallback}", severity="warning", timeout=15)
+            self._render_stats()
         self.notify(error, title="generation failed", severity="error")
 
     # -- actions ---------------------------------------------------------------------------------

@@ -40,11 +40,14 @@ class Live:
 
 
 def kv_text(kv: KVState) -> str:
-    if not kv.ring:
-        return f"KV {kv.fill}/{kv.capacity} ({100 * kv.fill_ratio:.0f}%)"
-    text = f"KV ring {kv.fill}/{kv.capacity} ({100 * kv.fill_ratio:.0f}%)"
-    if kv.wrapped:
-        text += f" [b yellow]wrapped: older turns left the window ({kv.sink} sink tokens kept)[/]"
+    kind = "KV ring" if kv.ring else "KV"
+    text = f"{kind} {kv.fill}/{kv.capacity} ({100 * kv.fill_ratio:.0f}%)"
+    if kv.left_window or kv.wrapped:
+        dropped = kv.dropped or kv.position - kv.capacity
+        text += (
+            f" [b yellow]older turns left the window ({dropped} tokens dropped; "
+            f"system prompt kept: {kv.kept or kv.sink} tokens)[/]"
+        )
     return text
 
 
@@ -74,6 +77,8 @@ def stats_text(
         )
         if s.draft is not None:
             parts.append(f"draft {s.draft.method}: {100 * s.draft.acceptance_rate:.0f}% accepted")
+        if kv is None and s.window_note:  # else kv_text says it
+            parts.append(f"[b yellow]{s.window_note}[/]")
     if kv is not None:
         parts.append(kv_text(kv))
     if info is not None:

@@ -14,8 +14,31 @@ from edge.session import KVState
 def test_kv_text_linear_and_ring() -> None:
     assert kv_text(KVState(100, 4096, 100, ring=False)) == "KV 100/4096 (2%)"
     ring = KVState(position=5000, capacity=4096, fill=4096, ring=True, sink=4)
-    assert ring.wrapped and "wrapped: older turns left the window (4 sink tokens kept)" in kv_text(ring)
+    note = "older turns left the window (904 tokens dropped; system prompt kept: 4 tokens)"
+    assert ring.wrapped and note in kv_text(ring)
     assert not KVState(4000, 4096, 4000, ring=True).wrapped
+    # llama.cpp's linear cache: the session cut the conversation and kept its 30-token system prompt
+    cut = KVState(200, 256, 200, ring=False, dropped=350, kept=30)
+    assert cut.left_window and not cut.wrapped
+    assert "older turns left the window (350 tokens dropped; system prompt kept: 30 tokens)" in kv_text(cut)
+    assert "left the window" not in kv_text(KVState(200, 256, 200, ring=False))
+
+
+def test_stats_text_says_when_older_turns_left_the_window() -> None:
+    from edge.generate import GenerationStats
+    from edge.model import Result
+
+    stats = GenerationStats(
+        n_prompt_tokens=200, n_tokens=8, stop_reason="eos", n_dropped_tokens=350, n_kept_tokens=30
+    )
+    result = Result("ok", [5] * 8, [1] * 200, stats, "llamacpp", "cpu", "ort:cpu failed -> llamacpp:cpu")
+    info = ModelInfo("m", "llamacpp", "cpu", result.fallback, None, chat_template=True)
+    text = stats_text(info, result=result)
+    assert "older turns left the window (350 tokens dropped, system prompt's 30 kept)" in text
+    assert "fallback ort:cpu failed -> llamacpp:cpu" in text
+    assert "left the window" not in stats_text(
+        info, result=Result("ok", [], [], GenerationStats(), "x", "cpu", None)
+    )
 
 
 def test_stats_text_live_and_notes() -> None:

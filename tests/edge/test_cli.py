@@ -61,6 +61,25 @@ def test_absent_device_lists_what_exists_and_fallback_is_announced() -> None:
     out = json.loads(proc.stdout)
     assert out["device"] == "cpu" and out["fallback"] == "npu -> cpu"
     assert "fallback npu -> cpu" in proc.stderr
+    # the device to fall back to may be named; --explain says what runs where and why
+    proc = edge(
+        "run",
+        "smollm2-135m",
+        "Say hi",
+        "--device",
+        "npu",
+        "--fallback",
+        "cpu",
+        "--explain",
+        "--max-tokens",
+        "2",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "plan: smollm2-135m whole model on llamacpp:cpu (fallback npu -> cpu)" in proc.stderr
+    assert_one_line_error(
+        edge("run", "smollm2-135m", "hi", "--device", "hetero:cpu"), "hetero needs two or more"
+    )
+    assert_one_line_error(edge("run", "smollm2-135m", "hi", "--device", "gpu", "--emulate"), "--emulate")
 
 
 @pytest.mark.slow
@@ -194,6 +213,9 @@ def test_ctrl_c_mid_generation_exits_cleanly() -> None:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        # a test run started in the background (`cmd &` in a script) inherits SIGINT ignored, and Python then
+        # installs no Ctrl-C handler: give the child the default disposition a terminal user has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert p.stdout is not None
     first = p.stdout.read(20)  # wait until text streams

@@ -1,0 +1,237 @@
+"""Running a `Plan`: its partitions converted once (cached on disk, every file checked by SHA-256 on reuse)
+and opened as one `PartitionedDecoder`, each partition on its own (backend, device), one ring-buffer KV.
+
+The partitions are graph_opt's openvino-target graphs (MatMulNBits linears, standard opset-23 fusions), which
+both ONNX Runtime and OpenVINO run, so any graph backend takes any partition; llama.cpp runs whole models only. An NPU-shaped plan gets fixed shapes (a prefill graph of `prefill_chunk` tokens and a one-token decode
+graph over `capacity` KV slots); emulated, those exact graphs compile on OpenVINO's CPU device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from devices.base import Decoder
+from devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
+from devices.placement import Placement
+from devices.planner import (
+    PREFERRED_BACKENDS,
+    DeviceProfile,
+    Plan,
+    Target,
+    model_profile,
+    parse_device,
+    plan,
+)
+from edge.errors import DeviceError, ModelFormatError
+from models.arch import ArchConfig
+from models.artifact import file_sha256
+from models.store import cache_dir
+
+__all__ = ["PlannedOptions", "open_planned_decoder", "plan_artifact"]
+
+PLAN_FORMAT = 1  # bump when what a plan artifact holds changes
+
+
+@dataclass(frozen=True)
+class PlannedOptions:
+    n_ctx: int = 4096
+    threads: int | None = None
+    prefill_chunk: int = 64  # static (NPU) plans: the prefill graph's width
+    static_capacity: int = 1024  # static plans: KV slots (the ring wraps beyond, keeping sinks)
+
+
+def _ranges(plan: Plan) -> str:
+    return ",".join(f"{p.layers.start}-{p.layers.stop - 1}" for p in plan.partitions)
+
+
+def _verify(folder: Path) -> bool:
+    """The DONE record lists every file's SHA-256; a partial, edited or truncated entry is rebuilt."""
+    try:
+        done = json.loads((folder / "DONE").read_text(encoding="utf-8"))
+        files = done["sha256"]
+        present = {p.name for p in folder.iterdir() if p.is_file() and p.name != "DONE"}
+        if not isinstance(files, dict) or set(files) != present:
+            return False
+        return all(file_sha256(folder / name) == digest for name, digest in files.items())
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def plan_artifact(
+    gguf_path: Path, plan: Plan, options: PlannedOptions, log: Callable[[str], None] | None = None
+) -> Path:
+    """The converted partitions of `plan` for the model at `gguf_path`, built on first use."""
+    from models.convert import ConvertOptions, convert
+
+    static = plan.static
+    capacity = min(options.n_ctx, options.static_capacity)
+    st = gguf_path.stat()
+    key = json.dumps(
+        [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns, PLAN_FORMAT, _ranges(plan), static]
+        + ([options.prefill_chunk, capacity] if static else []),
+    )
+    out = cache_dir() / "plans" / hashlib.sha256(key.encode()).hexdigest()[:20]
+    if out.is_dir() and _verify(out):
+        return out
+    if out.exists():
+        shutil.rmtree(out, ignore_errors=True)  # partial or tampered: rebuilt below
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        art = tmp / "art"
+        opts = ConvertOptions(
+            target="openvino",
+            ranges=_ranges(plan),
+            static=static,
+            prefill_chunk=options.prefill_chunk,
+            capacity=capacity,
+        )
+        convert(gguf_path, art, opts, log=log)
+        digests = {p.name: file_sha256(p) for p in art.iterdir() if p.is_file()}
+        (art / "DONE").write_text(json.dumps({"sha256": digests}, sort_keys=True), encoding="utf-8")
+        try:
+            os.replace(art, out)
+        except OSError:  # another process built it first
+            if not _verify(out):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not _verify(out):
+        raise ModelFormatError(f"the converted partitions in {out} do not match their SHA-256 record")
+    return out
+
+
+def open_planned_decoder(
+    gguf_path: Path,
+    plan: Plan,
+    options: PlannedOptions | None = None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> PartitionedDecoder:
+    opts = options or PlannedOptions()
+    for p in plan.partitions:
+        if p.device.backend == "llamacpp":
+            raise DeviceError(
+                "llama.cpp runs whole models only; it cannot take one partition of a plan",
+                hint="name a graph backend for each device, e.g. --device hetero:openvino:cpu,ort:cpu",
+            )
+    path = plan_artifact(gguf_path, plan, opts, log)
+    # an emulated NPU is OpenVINO's CPU device running the NPU-shaped (static) graphs
+    where = [(p.device.backend, "cpu" if p.device.emulated else p.device.kind) for p in plan.partitions]
+    popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.threads)
+    return open_artifact_decoder(path, where, options=popts)
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    """What the user asked for: `--backend`, `--device`, `--fallback [KIND]`, `--emulate`."""
+
+    backend: str | None = None
+    device: str = "cpu"
+    fallback: str | None = None  # a device kind to use in place of an absent one; None refuses
+    emulate: bool = False  # an NPU-shaped graph compiled on the CPU, when no NPU is asked to be real
+
+
+def _kv_per_token(cfg: ArchConfig) -> list[int]:
+    return [2 * cfg.n_head_kv * cfg.head_dim * 4] * cfg.n_layer  # fp32 K and V (kvcache's dtype)
+
+
+def _placement_of(plan: Plan) -> Placement:
+    backends = "+".join(dict.fromkeys(p.device.backend for p in plan.partitions))
+    kinds = "+".join(
+        dict.fromkeys(
+            "npu (emulated on cpu)" if p.device.emulated else p.device.kind for p in plan.partitions
+        )
+    )
+    return Placement(backends, kinds, plan.fallback)
+
+
+def open_requested(
+    path: Path, request: DeviceRequest, options: PlannedOptions, *, log: Callable[[str], None] | None = None
+) -> tuple[Decoder, Placement, Plan | None]:
+    """Open `path` (a GGUF or an `edge convert` artifact) where `request` says: one device keeps the whole
+    model on one backend (llama.cpp by default on the CPU); `auto`, `hetero:...` and an emulated NPU go
+    through the planner. Returns the decoder, where it runs, and the plan when one was made."""
+    from devices.discovery import discover
+    from devices.placement import place
+    from devices.probe import device_profiles
+    from devices.registry import DecoderOptions, open_decoder
+    from models.artifact import is_artifact, open_artifact
+    from models.gguf_file import open_gguf
+
+    mode, targets = parse_device(request.device)
+    if request.emulate and (mode != "single" or targets[0].kind != "npu"):
+        raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
+    dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads)
+    artifact = is_artifact(path)
+    if mode == "single" and not request.emulate:
+        t = targets[0]
+        backend = request.backend or t.backend
+        if backend is None:
+            backend = open_artifact(path).target if artifact else PREFERRED_BACKENDS[t.kind][0]
+        allow = request.fallback is not None
+        try:
+            placement = place(discover((backend,)), backend=backend, device=t.kind, fallback=allow)
+        except DeviceError:  # say it again with every backend's devices listed, not only this one's
+            placement = place(discover(), backend=backend, device=t.kind, fallback=allow)
+        if placement.fallback and request.backend is None and t.backend is None and not artifact:
+            placement = Placement("llamacpp", "cpu", placement.fallback)  # the default CPU backend
+        return open_decoder(placement.backend, path, placement.device, dopts), placement, None
+
+    inventory = discover()
+    profiles = device_profiles(inventory, emulate_npu=request.emulate)
+    if request.emulate:  # the emulated NPU only, even where a real one exists
+        profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
+    if request.backend and mode == "auto":
+        profiles = [p for p in profiles if p.backend == request.backend]
+    if artifact:
+        if mode != "hetero":
+            raise DeviceError(
+                f"{path} is already partitioned; name a device per partition with --device hetero:A,B",
+                hint="or run it on one device with --device cpu",
+            )
+        art = open_artifact(path)
+        if len(targets) != len(art.partitions):
+            raise DeviceError(
+                f"{path.name} has {len(art.partitions)} partitions but --device names {len(targets)} devices",
+                hint="convert with a matching --partitions, or name one device per partition",
+            )
+        where = []
+        for t in targets:
+            dev = next(
+                (p for p in profiles if p.kind == t.kind and p.backend == (t.backend or art.target)), None
+            )
+            if dev is None or dev.backend == "llamacpp":
+                raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
+            where.append((dev.backend, dev.kind))
+        popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads)
+        dec = open_artifact_decoder(path, where, options=popts)
+        return dec, Placement(dec.backend, dec.device), None
+
+    gguf = open_gguf(path)
+    cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+    ctx = min(options.n_ctx, options.static_capacity) if request.emulate else options.n_ctx
+    model = model_profile(
+        {n: t.nbytes for n, t in gguf.tensors.items()}, cfg.n_layer, _kv_per_token(cfg), ctx
+    )
+    if mode == "hetero":  # partitions run on graph backends; a bare kind means OpenVINO, then ONNX Runtime
+        targets = [t if t.backend else Target(t.kind, _graph_backend(t.kind, profiles)) for t in targets]
+    plan_ = plan(model, profiles, mode, targets, fallback=request.fallback)
+    if len(plan_.partitions) == 1 and not plan_.static:
+        p = plan_.partitions[0]
+        return open_decoder(p.device.backend, path, p.device.kind, dopts), _placement_of(plan_), plan_
+    return open_planned_decoder(path, plan_, options, log=log), _placement_of(plan_), plan_
+
+
+def _graph_backend(kind: str, profiles: list[DeviceProfile]) -> str:
+    for backend in ("openvino", "ort"):
+        if any(p.backend == backend and p.kind == kind for p in profiles):
+            return backend
+    return "openvino"  # absent: the planner reports it with what exists
