@@ -36,7 +36,7 @@ from models.store import cache_dir
 
 __all__ = ["PlannedOptions", "open_planned_decoder", "plan_artifact"]
 
-PLAN_FORMAT = 1  # bump when what a plan artifact holds changes
+PLAN_FORMAT = 2  # bump when what a plan artifact holds changes
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ def plan_artifact(
             static=static,
             prefill_chunk=options.prefill_chunk,
             capacity=capacity,
+            # as the whole-model graph backends run (devices/registry.py): an fp32 body, int8 activations
+            # only where ORT's 8-bit kernels are otherwise slow (the head and 8-bit weights); OpenVINO
+            # ignores the level
+            head_accuracy_level=4,
+            int8_accuracy_level=4,
         )
         convert(gguf_path, art, opts, log=log)
         digests = {p.name: file_sha256(p) for p in art.iterdir() if p.is_file()}

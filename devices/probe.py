@@ -2,7 +2,7 @@
 
 Decode reads every weight once per token, so what ranks devices for it is how fast each streams weights
 through a matrix-vector product: one fp32 MatMul [1, K] x [K, N] (64 MiB of weights, more than the caches
-hold), compiled by the backend itself on the device, timed over repeated runs (median). llama.cpp has no graph
+hold), compiled by the backend itself on the device, timed over repeated runs (the best). llama.cpp has no graph
 API to time a single op on, so its CPU figure is numpy's matvec on the same memory (labelled as such).
 
 Results are cached per (backend, device, backend version, CPU model) in `cache_dir()/devices/probe.json`;
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ __all__ = ["device_profiles", "measure_bandwidth"]
 
 _K = _N = 4096  # 64 MiB: beyond the last-level cache, so this is memory bandwidth
 _RUNS = 10
-PROBE_VERSION = 2  # part of the cache key: bump when the probe changes
+PROBE_VERSION = 3  # part of the cache key: bump when the probe changes
 RUNNABLE = ("llamacpp", "openvino", "ort")  # backends the planner can place partitions on
 
 
@@ -56,7 +55,7 @@ def _time(run: Callable[[], object]) -> float:
         t = time.perf_counter()
         run()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times)  # the best run: other work on the machine only ever slows a run down
 
 
 def _ort(device: str) -> float:

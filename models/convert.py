@@ -55,6 +55,9 @@ class ConvertOptions:
     # only fast with int8 activations; slow means the weights dequantized on every call), else 0.
     accuracy_level: int | None = None
     head_accuracy_level: int | None = None  # the lm_head's, when it should differ
+    # 8-bit weights' level, when it should differ from the target's default (ORT's 8-bit kernels are fast
+    # only with int8 activations; partitions a plan may put on ORT want 4 whatever the graph target)
+    int8_accuracy_level: int | None = None
     calibration_steps: int = (
         5  # prefills of calibration text: the first ranks sensitivity, the rest feed GPTQ
     )
@@ -70,6 +73,7 @@ class ConvertOptions:
         """Accuracy levels for the lower pass: body, 8-bit linears, head."""
         body = 0 if self.accuracy_level is None else self.accuracy_level
         int8 = (4 if self.target == "ort" else 0) if self.accuracy_level is None else self.accuracy_level
+        int8 = int8 if self.int8_accuracy_level is None else self.int8_accuracy_level
         return {
             "accuracy_level": body,
             "int8_accuracy_level": int8,
