@@ -148,6 +148,13 @@ class Model:
         return self.engine.placement.fallback
 
     @property
+    def plan(self) -> str | None:
+        """The planner's plan and why (what `edge run --explain` prints) when the device request went through
+        it (auto, hetero:..., an emulated NPU); None for one whole-model device."""
+        plan = self.engine.plan
+        return None if plan is None else plan.explain()
+
+    @property
     def has_chat_template(self) -> bool:
         """False for a base model: `chat` then runs as plain completion over the messages' contents."""
         return self.engine.template is not None
@@ -288,16 +295,20 @@ def load(
     device: str = "cpu",
     backend: str | None = None,
     draft: str | None = None,
-    fallback: bool = False,
+    fallback: bool | str = False,
     n_ctx: int = 4096,
     n_threads: int | None = None,
     draft_device: str = "cpu",
+    emulate: bool = False,
 ) -> Model:
     """Load a catalog model (pulled and checked on first use) or a local .gguf file.
 
-    `device`: cpu | gpu | npu | auto; an absent device raises `edge.DeviceError` listing what exists, unless
-    `fallback=True` (then `model.fallback` says what replaced what). `backend`: llamacpp (default) | ort |
-    openvino. `draft`: a draft model or "ngram" for speculative decoding.
+    `device`: cpu | gpu | npu | auto | hetero:[backend:]device,... (e.g. "hetero:openvino:cpu,ort:cpu": the
+    layers split into partitions across the listed devices by the planner); an absent device raises
+    `edge.DeviceError` listing what exists, unless `fallback=True` (or a device kind, "cpu") — then
+    `model.fallback` says what replaced what. `emulate=True` with device="npu" runs the NPU-shaped (static)
+    graphs on the CPU. `backend`: llamacpp (default) | ort | openvino. `draft`: a draft model or "ngram" for
+    speculative decoding.
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -307,6 +318,7 @@ def load(
         backend=backend,
         device=device,
         fallback=fallback,
+        emulate=emulate,
         n_ctx=n_ctx,
         n_threads=n_threads,
         draft=draft,

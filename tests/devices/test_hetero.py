@@ -95,3 +95,14 @@ def test_bench_reports_each_partition(models: dict[str, Path], tmp_path: Path) -
     assert all(p["decode_ms_per_token"] > 0 and p["prefill_ms"] > 0 for p in parts)
     assert plan_result["decode_tok_s"] > 0 and plan_result["ratio_decode"] > 0
     assert "partition 0-" in proc.stdout
+
+
+def test_the_api_says_where_a_plan_runs(models: dict[str, Path]) -> None:
+    import edge
+
+    with edge.load(str(models["smollm2-135m"]), device="hetero:openvino:cpu,ort:cpu", n_ctx=512) as m:
+        assert m.backend == "openvino+ort" and m.fallback is None
+        assert m.plan is not None and "2 partition(s)" in m.plan and "ort:cpu" in m.plan
+        assert m.generate("Hi", max_tokens=4, temperature=0).text
+    with edge.load(str(models["smollm2-135m"]), device="cpu") as m:
+        assert m.plan is None and m.backend == "llamacpp"
