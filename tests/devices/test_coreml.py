@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -39,13 +38,7 @@ from tests.tiny_models import TinySpec, write_tiny_model
 MACOS_ONLY = pytest.mark.skipif(sys.platform != "darwin", reason="Core ML runs only on macOS")
 STATIC = {"static": True, "prefill_chunk": 8, "capacity": 32}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("edge_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
+pytestmark = pytest.mark.usefixtures("edge_cache")
 
 
 @pytest.fixture(scope="module")

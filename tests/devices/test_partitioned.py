@@ -3,7 +3,7 @@ fusion exact, and the quantization quality bounds of issue 5."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,18 +16,10 @@ from models.convert import ConvertOptions, convert
 from models.store import resolve_model
 from models.tokenizer import load_tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("edge_cache")]
 
 PROMPT = "<|im_start|>user\nWrite one sentence about the sea.<|im_end|>\n<|im_start|>assistant\n"
 N_GEN = 24
-
-
-@pytest.fixture(scope="module", autouse=True)
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("edge_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ fresh decoder gives, on llama.cpp and on the graph engine's ring buffer (whose r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,14 +64,6 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tokenizer(model_file: Path) -> Tokenizer:
     return load_tokenizer(open_gguf(model_file).metadata)
-
-
-@pytest.fixture(scope="module")
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("edge_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
 
 
 def open_decoder(kind: str, path: Path) -> Decoder:

@@ -48,15 +48,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="module")
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Graphs built for the GraphDecoder go to a temporary EDGE_CACHE_DIR, never the user's cache."""
-    path = tmp_path_factory.mktemp("edge_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
-
-
 def llama(path: Path, n_ctx: int = 512) -> LlamaCppDecoder:
     return LlamaCppDecoder(path, LlamaCppOptions(n_ctx=n_ctx, n_threads=1))
 

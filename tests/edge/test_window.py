@@ -4,7 +4,6 @@ prompt as its sinks. Unit tests on a tiny model; the real-model chats are marked
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -36,14 +35,6 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tok(model_file: Path) -> Tokenizer:
     return load_tokenizer(open_gguf(model_file).metadata)
-
-
-@pytest.fixture(scope="module")
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("edge-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
 
 
 def chat(dec, tok: Tokenizer, turns: int) -> tuple[KVSession, list[Generation]]:  # type: ignore[no-untyped-def]

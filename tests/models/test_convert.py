@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +24,7 @@ from models.convert import ConvertOptions, convert
 from models.gguf_file import open_gguf
 from tests.graph_opt.graphs import ARCHS, tiny_gguf
 
-
-@pytest.fixture(scope="module", autouse=True)
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("edge_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
+pytestmark = pytest.mark.usefixtures("edge_cache")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ Measured numbers are printed (pytest -s shows them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -67,17 +67,10 @@ EMBD_STD = 0.25
 COS_MIN = 0.9999
 MAX_ABS = 1e-3
 
+pytestmark = pytest.mark.usefixtures("edge_cache")
+
 
 # --- fixtures and helpers -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", autouse=True)
-def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Graphs and compiled artifacts go to a temporary EDGE_CACHE_DIR, never the user's cache."""
-    path = tmp_path_factory.mktemp("edge_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
 
 
 def ids_for(n: int, seed: int = 0, vocab: int = 320) -> list[int]:

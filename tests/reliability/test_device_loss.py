@@ -5,7 +5,6 @@ is a fresh model's answer there."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ from tests.tiny_models import TinySpec, write_tiny_model
 CFG = GenerationConfig(max_tokens=12, ignore_eos=True)
 PROMPT = "w1 w2 w3 w4 w5 w6 w7 w8"
 TAKEOVER = {"ort": "llamacpp", "openvino": "llamacpp", "llamacpp": "ort"}  # where each goes on the CPU
-
-
-@pytest.fixture(scope="module")
-def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("graphs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +64,7 @@ def fail_mid_run(model: Model, other_model: Path, tiny_model: Path) -> DeviceLos
 
 @pytest.mark.parametrize("kind", ["ort", "openvino", "llamacpp"])
 def test_device_lost_without_fallback_is_a_clear_typed_error(
-    kind: str, tiny_model: Path, other_model: Path, module_cache: Path
+    kind: str, tiny_model: Path, other_model: Path, edge_cache: Path
 ) -> None:
     with load(str(tiny_model), LoadOptions(backend=kind, n_ctx=256, n_threads=1)) as m:
         err = fail_mid_run(m, other_model, tiny_model)
@@ -88,7 +79,7 @@ def test_device_lost_without_fallback_is_a_clear_typed_error(
 
 @pytest.mark.parametrize("kind", ["ort", "openvino", "llamacpp"])
 def test_device_lost_with_fallback_moves_to_another_device(
-    kind: str, tiny_model: Path, other_model: Path, module_cache: Path
+    kind: str, tiny_model: Path, other_model: Path, edge_cache: Path
 ) -> None:
     new = TAKEOVER[kind]
     with load(str(tiny_model), LoadOptions(backend=new, n_ctx=256, n_threads=1)) as fresh:

@@ -4,7 +4,7 @@ goes away mid-run. After each, the next answer must equal a fresh one."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +33,6 @@ def gguf(tiny_model: Path) -> GGUFFile:
     return open_gguf(tiny_model)
 
 
-@pytest.fixture(scope="module")
-def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("graphs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
-
-
 def open_decoder(kind: str, tiny_model: Path, gguf: GGUFFile):  # type: ignore[no-untyped-def]
     if kind == "llamacpp":
         return LlamaCppDecoder(tiny_model, LlamaCppOptions(n_ctx=512, n_threads=1))
@@ -67,7 +59,7 @@ def polls_until(n: int) -> Callable[[], bool]:
 
 @pytest.mark.parametrize("kind", ["llamacpp", "ort"])
 def test_cancel_during_prefill_then_a_fresh_answer(
-    kind: str, tiny_model: Path, gguf: GGUFFile, tok, module_cache
+    kind: str, tiny_model: Path, gguf: GGUFFile, tok, edge_cache
 ) -> None:  # type: ignore[no-untyped-def]
     dec = open_decoder(kind, tiny_model, gguf)
     fresh = run(dec, tok).token_ids
@@ -82,7 +74,7 @@ def test_cancel_during_prefill_then_a_fresh_answer(
 
 @pytest.mark.parametrize("kind", ["llamacpp", "ort"])
 def test_cancel_during_decode_then_a_fresh_answer(
-    kind: str, tiny_model: Path, gguf: GGUFFile, tok, module_cache
+    kind: str, tiny_model: Path, gguf: GGUFFile, tok, edge_cache
 ) -> None:  # type: ignore[no-untyped-def]
     dec = open_decoder(kind, tiny_model, gguf)
     fresh = run(dec, tok)
@@ -181,7 +173,7 @@ def test_device_gone_mid_run_is_a_clear_error_and_a_reload_recovers(
     tiny_model: Path,
     gguf: GGUFFile,
     tok,
-    module_cache,  # type: ignore[no-untyped-def]
+    edge_cache,  # type: ignore[no-untyped-def]
 ) -> None:
     dec = open_decoder(kind, tiny_model, gguf)
     fresh = run(dec, tok).token_ids
@@ -202,7 +194,7 @@ def test_backend_raising_mid_run_leaves_the_cache_consistent(
     gguf: GGUFFile,
     tok,
     tmp_path: Path,
-    module_cache,  # type: ignore[no-untyped-def]
+    edge_cache,  # type: ignore[no-untyped-def]
 ) -> None:
     """The backend really raises (its session swapped for one of another model: wrong input shapes); the
     step commits nothing, so once the device is back a reset gives the fresh answer again."""

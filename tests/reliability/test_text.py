@@ -4,7 +4,6 @@ streamed text (emoji, CJK, U+2028) equal to the text decoded at once, on the rea
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -92,14 +91,6 @@ def tiny_tok(tiny_model: Path) -> Tokenizer:
     return load_tokenizer(open_gguf(tiny_model).metadata)
 
 
-@pytest.fixture(scope="module")
-def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("graphs")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(path))
-        yield path
-
-
 def graph(tiny_gguf, policy: str) -> GraphDecoder:  # type: ignore[no-untyped-def]
     return GraphDecoder(
         tiny_gguf, GraphOptions(capacity=CAPACITY, sink=4, policy=policy, threads=1, prefill_chunk=32)
@@ -112,7 +103,7 @@ def generate(dec, tok: Tokenizer, prompt: list[int], n: int = 5) -> Generation: 
     return gen
 
 
-def test_ring_policy_runs_past_the_ring(tiny_gguf, tiny_tok: Tokenizer, module_cache: Path) -> None:  # type: ignore[no-untyped-def]
+def test_ring_policy_runs_past_the_ring(tiny_gguf, tiny_tok: Tokenizer, edge_cache: Path) -> None:  # type: ignore[no-untyped-def]
     dec = graph(tiny_gguf, "ring")
     gen = generate(dec, tiny_tok, ids(3 * CAPACITY), n=CAPACITY)  # prompt and answer both wrap the ring
     assert gen.stats.n_tokens == CAPACITY and gen.stats.stop_reason == "length"
@@ -125,7 +116,7 @@ def test_bounded_policies_refuse_a_long_prompt_and_stay_usable(
     policy: str,
     tiny_gguf,
     tiny_tok: Tokenizer,
-    module_cache: Path,  # type: ignore[no-untyped-def]
+    edge_cache: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     dec = graph(tiny_gguf, policy)
     fresh = generate(dec, tiny_tok, ids(10)).token_ids

@@ -1,0 +1,18 @@
+"""Fixtures shared by the test packages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def edge_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Graphs, plans and compiled artifacts of one test module go to a private EDGE_CACHE_DIR, never the
+    user's cache (catalog models are resolved before it is set, where a module needs them)."""
+    path = tmp_path_factory.mktemp("edge_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGE_CACHE_DIR", str(path))
+        yield path
