@@ -11,23 +11,22 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from devices.ring_decoder import RingDecoder
 from devices.runners import RUNNERS, Runner, RunnerOptions
-from edge.errors import ContextOverflowError, DeviceError, EdgeError, ModelFormatError
-from kvcache import LayerSpec, RingKVCache
+from edge.errors import DeviceError, ModelFormatError
+from kvcache import LayerSpec
 from models.arch import ArchConfig, check_tensor_shapes
 from models.gguf_file import GGUFFile
 from models.onnx_safety import check_onnx_file
 from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
 
-_SLOT_GRAIN = 32
 GRAPH_FORMAT = 6  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
@@ -113,8 +112,9 @@ def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions, fused_for
     return model_path
 
 
-class GraphDecoder:
-    """`Decoder` over edge's own graph. One partition today; partitions across devices come with graph_opt."""
+class GraphDecoder(RingDecoder):
+    """`Decoder` over edge's own whole-model graph on one backend and device (the ring, the chunked forward
+    and rollback are RingDecoder's)."""
 
     def __init__(self, gguf: GGUFFile, options: GraphOptions | None = None) -> None:
         opts = options or GraphOptions()
@@ -123,10 +123,9 @@ class GraphDecoder:
                 f"no graph runner for backend {opts.backend!r}", hint=f"use one of {sorted(RUNNERS)}"
             )
         self.options = opts
-        self.cfg = cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+        cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
         check_tensor_shapes(cfg, {name: t.shape for name, t in gguf.tensors.items()})
         self.backend, self.device = opts.backend, opts.device
-        self.vocab_size = cfg.n_vocab
         kinds = layer_kinds(cfg)
         window = cfg.sliding_window
         specs = [
@@ -138,12 +137,18 @@ class GraphDecoder:
             )
             for k in kinds
         ]
-        self._specs = specs
-        self.cache = self._new_cache(opts.sink)
+        self._init_ring(
+            cfg,
+            specs,
+            sink=opts.sink,
+            policy=opts.policy,
+            max_rollback=opts.max_rollback,
+            prefill_chunk=opts.prefill_chunk,
+            bind_all=opts.static_shapes,
+        )
         # where each graph mask input comes from: the first layer of that kind
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self._kinds = kinds
-        self.chunk = max(1, min(opts.prefill_chunk, self.cache.max_step))
         build = BuildOptions(
             lowering=opts.lowering,
             accuracy_level=opts.accuracy_level,
@@ -154,61 +159,13 @@ class GraphDecoder:
         self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
-        self._lock = threading.Lock()
-        limit = self.cache.capacity
-        self.n_ctx = (
-            cfg.context_length if opts.policy == "ring" or limit is None else min(limit, cfg.context_length)
-        )
 
-    def _new_cache(self, sink: int) -> RingKVCache:
-        opts = self.options
-        return RingKVCache(self._specs, sink=sink, policy=opts.policy, max_rollback=opts.max_rollback)  # type: ignore[arg-type]
-
-    @property
-    def max_sink(self) -> int:
-        """The most tokens `set_sink` pins: half the ring, so the other half still rotates."""
-        return max(
-            self.options.sink, min((s.capacity for s in self._specs if s.window is None), default=0) // 2
-        )
-
-    def set_sink(self, n: int) -> bool:
-        """Pin the first n tokens (a chat's system prompt) when the ring wraps, at least the default sink and at
-        most `max_sink`. The slot geometry changes, so a change empties the cache; returns whether it changed."""
-        n = max(self.options.sink, min(int(n), self.max_sink))
-        if n == self.cache.sink:
-            return False
-        with self._lock:
-            self.cache = self._new_cache(n)
-            self.chunk = max(1, min(self.options.prefill_chunk, self.cache.max_step))
-        return True
-
-    @property
-    def position(self) -> int:
-        return self.cache.position
-
-    @property
-    def max_rollback(self) -> int:
-        """Tokens rollback() can always undo: the ring's undo log keeps only this many (speculation caps k)."""
-        return self.cache.max_rollback
-
-    def _bound_slots(self, layer: int) -> int:
-        """Past slots to bind for a layer's kind: all of them for static shapes, else the occupied prefix
-        rounded up (so decode reads what is filled, not the capacity; rounding keeps shapes from churning)."""
-        cap = self.cache.keys[layer].shape[1]
-        if self.options.static_shapes:
-            return cap
-        used = self.cache.occupied(layer)
-        return min(cap, max(_SLOT_GRAIN, -(-used // _SLOT_GRAIN) * _SLOT_GRAIN))
-
-    def _step(self, ids: Sequence[int], rows: np.ndarray) -> np.ndarray:
-        cache, n_layer = self.cache, self.cfg.n_layer
+    def _step(self, ids: Sequence[int], last_only: bool) -> np.ndarray:
+        cache = self.cache
         view = cache.begin(len(ids))
         if view.dropped:
-            cache.begin(1)  # abandon the step; nothing was written
-            raise ContextOverflowError(
-                f"the KV cache is full at {cache.position} tokens (policy 'truncate')",
-                hint="shorten the prompt or use the 'ring' policy",
-            )
+            raise self._overflowed()
+        rows = np.array([len(ids) - 1] if last_only else range(len(ids)), dtype=np.int64)
         feeds: dict[str, np.ndarray] = {
             "hidden": self.embed(ids),
             "positions": view.positions,
@@ -218,56 +175,14 @@ class GraphDecoder:
         for k, layer in self._mask_layer.items():
             bound[k] = self._bound_slots(layer)
             feeds[f"mask_{k}"] = view.mask_prefix(layer, bound[k])
-        for i in range(n_layer):
+        for i in range(self.cfg.n_layer):
             n = bound[self._kinds[i]]
             # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
             feeds[f"past_key_{i}"] = cache.keys[i][:, :n]
             feeds[f"past_value_{i}"] = cache.values[i][:, :n]
-        runner = self.runner
-        if runner is None:
-            raise DeviceError("the graph decoder is closed", hint="load the model again")
-        try:
-            out = runner.run(feeds, self._outputs)
-        except EdgeError:
-            raise
-        except Exception as exc:  # the backend failed mid-run (device lost, driver error): nothing committed
-            raise DeviceError(
-                f"{self.backend} failed on {self.device} at position {cache.position}: {type(exc).__name__}: {exc}",
-                hint="reset() and retry, or load the model again (on another device)",
-            ) from exc
+        out = self._run(self.runner, feeds, self._outputs)
         cache.commit(out[1::2], out[2::2])
         return out[0][0]  # [r, vocab]
-
-    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
-        toks = [int(t) for t in tokens]
-        if not toks:
-            raise ValueError("forward needs at least one token")
-        bad = [t for t in toks if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
-        if self.options.policy != "ring" and self.position + len(toks) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.position} + {len(toks)} tokens exceed the KV cache of {self.n_ctx}",
-                hint="raise --ctx-size or use the 'ring' policy",
-            )
-        with self._lock:
-            parts = []
-            for start in range(0, len(toks), self.chunk):
-                ids = toks[start : start + self.chunk]
-                final = start + self.chunk >= len(toks)
-                rows = np.array([len(ids) - 1] if last_only else range(len(ids)), dtype=np.int64)
-                logits = self._step(ids, rows)
-                if final or not last_only:
-                    parts.append(logits)
-            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-
-    def rollback(self, n: int) -> None:
-        with self._lock:
-            self.cache.rollback(n)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.cache.reset()
 
     def close(self) -> None:
         runner, self.runner = self.runner, None  # type: ignore[assignment]

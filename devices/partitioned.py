@@ -13,7 +13,6 @@ Static-shape artifacts (for NPUs) carry two graphs per partition, "prefill" (a f
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,16 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
+from devices.ring_decoder import RingDecoder
 from devices.runners import RUNNERS, Runner, RunnerOptions
-from edge.errors import ContextOverflowError, DeviceError
-from kvcache import LayerSpec, RingKVCache
+from edge.errors import DeviceError
+from kvcache import LayerSpec
 from models.arch import ArchConfig
 from models.store import cache_dir
 from models.transformer import layer_kinds
 
 __all__ = ["PartitionGraph", "PartitionedDecoder", "PartitionedOptions", "open_artifact_decoder"]
-
-_SLOT_GRAIN = 32
 
 
 @dataclass(frozen=True)
@@ -85,8 +83,9 @@ def _compile_cache(path: Path) -> Path:
     return path
 
 
-class PartitionedDecoder:
-    """`Decoder` over a chain of partitions (see the module docstring)."""
+class PartitionedDecoder(RingDecoder):
+    """`Decoder` over a chain of partitions (see the module docstring); the ring, the chunked forward and
+    rollback are RingDecoder's."""
 
     def __init__(
         self,
@@ -96,8 +95,7 @@ class PartitionedDecoder:
         options: PartitionedOptions | None = None,
     ) -> None:
         opts = options or PartitionedOptions()
-        self.cfg, self.embed, self.options = cfg, embed, opts
-        self.vocab_size = cfg.n_vocab
+        self.embed, self.options = embed, opts
         covered = [i for p in partitions for i in p.layers]
         if covered != list(range(cfg.n_layer)) or not partitions or not partitions[-1].head:
             raise ValueError("partitions must cover layers 0..n-1 in order, the last one with the head")
@@ -148,66 +146,25 @@ class PartitionedDecoder:
                 )
                 for k in kinds
             ]
-        self._specs, self._static_q = specs, static_q
-        self.cache = self._new_cache(opts.sink)
+        self._init_ring(
+            cfg,
+            specs,
+            sink=opts.sink,
+            policy=opts.policy,
+            max_rollback=opts.max_rollback,
+            prefill_chunk=opts.prefill_chunk,
+            bind_all=self.static,
+            static_q=static_q,
+        )
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
-        if static_q is not None and static_q > self.cache.max_step:
-            raise ValueError(
-                f"the static prefill graph takes {static_q} tokens but the KV ring holds {self.cache.max_step} "
-                "per step; convert with a smaller --prefill-chunk"
-            )
-        self.chunk = max(1, min(static_q or opts.prefill_chunk, self.cache.max_step))
         self.backend = "+".join(dict.fromkeys(p.backend for p in partitions))
         self.device = "+".join(dict.fromkeys(p.device for p in partitions))
-        limit = self.cache.capacity
-        self.n_ctx = (
-            cfg.context_length if opts.policy == "ring" or limit is None else min(limit, cfg.context_length)
-        )
-        self._lock = threading.Lock()
         # time spent in each partition's graph since load (edge bench reports it per partition)
         self.partition_seconds = [0.0] * len(self._parts)
-
-    def _new_cache(self, sink: int) -> RingKVCache:
-        o = self.options
-        return RingKVCache(self._specs, sink=sink, policy=o.policy, max_rollback=o.max_rollback)  # type: ignore[arg-type]
-
-    @property
-    def max_sink(self) -> int:
-        """The most tokens `set_sink` pins: half the ring, so the other half still rotates (and a static
-        prefill chunk still fits one step)."""
-        half = min((s.capacity for s in self._specs if s.window is None), default=0) // 2
-        step_room = min(s.capacity for s in self._specs) - (self._static_q or 1)  # max_step >= one step
-        return max(self.options.sink, min(half, step_room))
-
-    def set_sink(self, n: int) -> bool:
-        """Pin the first n tokens (a chat's system prompt) when the ring wraps, between the default sink and
-        `max_sink`. The slot geometry changes, so a change empties the cache; returns whether it changed."""
-        n = max(self.options.sink, min(int(n), self.max_sink))
-        if n == self.cache.sink:
-            return False
-        with self._lock:
-            self.cache = self._new_cache(n)
-            self.chunk = max(1, min(self._static_q or self.options.prefill_chunk, self.cache.max_step))
-        return True
-
-    @property
-    def position(self) -> int:
-        return self.cache.position
-
-    @property
-    def max_rollback(self) -> int:
-        return self.cache.max_rollback
 
     @property
     def partitions(self) -> list[PartitionGraph]:
         return [p.spec for p in self._parts]
-
-    def _bound(self, layer: int) -> int:
-        cap = self.cache.keys[layer].shape[1]
-        if self.static:
-            return cap
-        used = self.cache.occupied(layer)
-        return min(cap, max(_SLOT_GRAIN, -(-used // _SLOT_GRAIN) * _SLOT_GRAIN))
 
     def _step(self, ids: Sequence[int], last_only: bool) -> np.ndarray:
         n = len(ids)
@@ -218,11 +175,7 @@ class PartitionedDecoder:
         cache = self.cache
         view = cache.begin(q, n)
         if view.dropped:
-            cache.begin(1)
-            raise ContextOverflowError(
-                f"the KV cache is full at {cache.position} tokens (policy 'truncate')",
-                hint="shorten the prompt or use the 'ring' policy",
-            )
+            raise self._overflowed()
         padded = list(ids) + [0] * (q - n)
         hidden = self.embed(padded)
         rows = (
@@ -231,8 +184,9 @@ class PartitionedDecoder:
             else np.array([n - 1] if last_only else range(n), dtype=np.int64)
         )
         shared: dict[str, np.ndarray] = {"positions": view.positions, "logit_rows": rows}
+        bound = {k: self._bound_slots(layer) for k, layer in self._mask_layer.items()}  # once per layer kind
         for k, layer in self._mask_layer.items():
-            shared[f"mask_{k}"] = view.mask_prefix(layer, self._bound(layer))
+            shared[f"mask_{k}"] = view.mask_prefix(layer, bound[k])
         new_k: list[np.ndarray] = [np.empty(0)] * self.cfg.n_layer
         new_v = list(new_k)
         logits = np.empty(0)
@@ -241,12 +195,12 @@ class PartitionedDecoder:
             feeds = {k: v for k, v in shared.items() if k in names}
             feeds["hidden"] = hidden
             for i in part.spec.layers:
-                b = self._bound(i)
+                b = bound[self._kinds[i]]
                 # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
                 feeds[f"past_key_{i}"] = cache.keys[i][:, :b]
                 feeds[f"past_value_{i}"] = cache.values[i][:, :b]
             t0 = time.perf_counter()
-            out = part.runners[variant].run(feeds, part.outputs)
+            out = self._run(part.runners[variant], feeds, part.outputs)
             self.partition_seconds[index] += time.perf_counter() - t0
             for j, i in enumerate(part.spec.layers):
                 new_k[i], new_v[i] = out[1 + 2 * j], out[2 + 2 * j]
@@ -258,36 +212,6 @@ class PartitionedDecoder:
         if self.static:
             logits = logits[n - 1 : n] if last_only else logits[:n]
         return logits
-
-    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
-        toks = [int(t) for t in tokens]
-        if not toks:
-            raise ValueError("forward needs at least one token")
-        bad = [t for t in toks if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
-        if self.options.policy != "ring" and self.position + len(toks) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.position} + {len(toks)} tokens exceed the KV cache of {self.n_ctx}",
-                hint="raise --ctx-size or use the 'ring' policy",
-            )
-        with self._lock:
-            parts = []
-            for start in range(0, len(toks), self.chunk):
-                ids = toks[start : start + self.chunk]
-                final = start + self.chunk >= len(toks)
-                logits = self._step(ids, last_only)
-                if final or not last_only:
-                    parts.append(logits)
-            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-
-    def rollback(self, n: int) -> None:
-        with self._lock:
-            self.cache.rollback(n)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.cache.reset()
 
     def close(self) -> None:
         for part in self._parts:

@@ -1,0 +1,165 @@
+"""What every `Decoder` over edge's own graphs shares: the ring-buffer KV cache and its geometry (sinks,
+chunking, which slots to bind), the forward loop over chunks, rollback / reset, and turning a backend's
+failure mid-run into a typed `DeviceError`. `GraphDecoder` (one whole-model graph) and `PartitionedDecoder`
+(a chain of partitions, maybe on several devices) differ only in `_step`: how one chunk runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from devices.runners import Runner
+from edge.errors import ContextOverflowError, DeviceError, EdgeError
+from kvcache import LayerSpec, RingKVCache
+from models.arch import ArchConfig
+
+__all__ = ["RingDecoder"]
+
+_SLOT_GRAIN = 32
+
+
+class RingDecoder:
+    """Base of the graph decoders; a subclass sets its runners, then calls `_init_ring` and defines `_step`."""
+
+    backend: str
+    device: str
+    vocab_size: int
+
+    def _init_ring(
+        self,
+        cfg: ArchConfig,
+        specs: Sequence[LayerSpec],
+        *,
+        sink: int,
+        policy: str,
+        max_rollback: int,
+        prefill_chunk: int,
+        bind_all: bool,
+        static_q: int | None = None,
+    ) -> None:
+        """`bind_all`: every KV slot is bound each step (static shapes); `static_q`: the fixed width of a static
+        prefill graph, which then sets the chunk."""
+        self.cfg, self.vocab_size = cfg, cfg.n_vocab
+        self._specs = list(specs)
+        self._ring = (sink, policy, max_rollback)
+        self._prefill_chunk, self._bind_all, self._static_q = prefill_chunk, bind_all, static_q
+        self._default_sink = sink
+        self.cache = self._new_cache(sink)
+        if static_q is not None and static_q > self.cache.max_step:
+            raise ValueError(
+                f"the static prefill graph takes {static_q} tokens but the KV ring holds {self.cache.max_step} "
+                "per step; convert with a smaller --prefill-chunk"
+            )
+        self._set_chunk()
+        limit = self.cache.capacity
+        self.n_ctx = (
+            cfg.context_length if policy == "ring" or limit is None else min(limit, cfg.context_length)
+        )
+        self._policy = policy
+        self._lock = threading.Lock()
+
+    def _new_cache(self, sink: int) -> RingKVCache:
+        _, policy, max_rollback = self._ring
+        return RingKVCache(self._specs, sink=sink, policy=policy, max_rollback=max_rollback)  # type: ignore[arg-type]
+
+    def _set_chunk(self) -> None:
+        self.chunk = max(1, min(self._static_q or self._prefill_chunk, self.cache.max_step))
+
+    # -- geometry ------------------------------------------------------------------------------------
+    @property
+    def max_sink(self) -> int:
+        """The most tokens `set_sink` pins: half the ring, so the other half still rotates (and one step, a
+        static prefill chunk included, still fits)."""
+        half = min((s.capacity for s in self._specs if s.window is None), default=0) // 2
+        step_room = min(s.capacity for s in self._specs) - (self._static_q or 1)
+        return max(self._default_sink, min(half, step_room))
+
+    def set_sink(self, n: int) -> bool:
+        """Pin the first n tokens (a chat's system prompt) when the ring wraps, between the default sink and
+        `max_sink`. The slot geometry changes, so a change empties the cache; returns whether it changed."""
+        n = max(self._default_sink, min(int(n), self.max_sink))
+        if n == self.cache.sink:
+            return False
+        with self._lock:
+            self.cache = self._new_cache(n)
+            self._set_chunk()
+        return True
+
+    def _bound_slots(self, layer: int) -> int:
+        """Past slots to bind for a layer: all of them for static shapes, else the occupied prefix rounded up
+        (decode reads what is filled, not the capacity; rounding keeps shapes from churning)."""
+        cap = self.cache.keys[layer].shape[1]
+        if self._bind_all:
+            return cap
+        used = self.cache.occupied(layer)
+        return min(cap, max(_SLOT_GRAIN, -(-used // _SLOT_GRAIN) * _SLOT_GRAIN))
+
+    # -- running -------------------------------------------------------------------------------------
+    def _run(
+        self, runner: Runner | None, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> list[np.ndarray]:
+        """One graph run; a backend failure (device lost, driver error) becomes a DeviceError, nothing
+        committed to the KV."""
+        if runner is None:
+            raise DeviceError("the graph decoder is closed", hint="load the model again")
+        try:
+            return runner.run(feeds, outputs)
+        except EdgeError:
+            raise
+        except Exception as exc:
+            raise DeviceError(
+                f"{runner.backend} failed on {runner.device} at position {self.cache.position}: "
+                f"{type(exc).__name__}: {exc}",
+                hint="reset() and retry, or load the model again (on another device)",
+            ) from exc
+
+    def _overflowed(self) -> ContextOverflowError:
+        self.cache.begin(1)  # abandon the step; nothing was written
+        return ContextOverflowError(
+            f"the KV cache is full at {self.cache.position} tokens (policy 'truncate')",
+            hint="shorten the prompt or use the 'ring' policy",
+        )
+
+    def _step(self, ids: Sequence[int], last_only: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        toks = [int(t) for t in tokens]
+        if not toks:
+            raise ValueError("forward needs at least one token")
+        bad = [t for t in toks if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
+        if self._policy != "ring" and self.position + len(toks) > self.n_ctx:
+            raise ContextOverflowError(
+                f"{self.position} + {len(toks)} tokens exceed the KV cache of {self.n_ctx}",
+                hint="raise --ctx-size or use the 'ring' policy",
+            )
+        with self._lock:
+            parts = []
+            for start in range(0, len(toks), self.chunk):
+                final = start + self.chunk >= len(toks)
+                logits = self._step(toks[start : start + self.chunk], last_only)
+                if final or not last_only:
+                    parts.append(logits)
+            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    @property
+    def position(self) -> int:
+        return self.cache.position
+
+    @property
+    def max_rollback(self) -> int:
+        """Tokens rollback() can always undo: the ring's undo log keeps only this many (speculation caps k)."""
+        return self.cache.max_rollback
+
+    def rollback(self, n: int) -> None:
+        with self._lock:
+            self.cache.rollback(n)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.cache.reset()
