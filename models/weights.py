@@ -55,6 +55,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge.errors import ModelFormatError
+from graph_opt.linear import pack_codes, unpack_codes  # MatMulNBits' packing, one implementation
 
 if TYPE_CHECKING:
     import onnx
@@ -119,7 +120,7 @@ class NBitsWeight:
 
     def codes(self) -> np.ndarray:
         """The unpacked codes, uint8 [n, k]."""
-        return _unpack(self.packed.reshape(self.n, -1), self.bits, self.k)
+        return unpack_codes(self.packed.reshape(self.n, -1), self.bits, self.k)
 
     def integer_zero_points(self) -> np.ndarray:
         """The zero points as uint8 [n, k_blocks], the default filled in."""
@@ -167,7 +168,7 @@ class NBitsWeight:
         out = {"B": self.packed, "scales": self.scales}
         if self.zero_points is not None:
             # uint8 zero points are packed like B, each row padded to whole bytes.
-            out["zero_points"] = _pack(self.zero_points, self.bits)
+            out["zero_points"] = pack_codes(self.zero_points, self.bits)
         return out
 
     def to_onnx(
@@ -315,7 +316,7 @@ def linear_from_raw(
         block_size=fmt.block_size,
         k=k,
         n=n,
-        packed=_pack(codes, fmt.bits).reshape(n, k // fmt.block_size, fmt.block_size * fmt.bits // 8),
+        packed=pack_codes(codes, fmt.bits).reshape(n, k // fmt.block_size, fmt.block_size * fmt.bits // 8),
         scales=scales,
         zero_points=zp,
         bias=bias,
@@ -568,39 +569,13 @@ def _decode_rows(
     return codes.reshape(r, k), scales.reshape(r, nb), None if bias is None else bias.reshape(r, nb)
 
 
-def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 [r, c] codes -> bytes packed low-bits-first along the last axis, each row padded to bytes
-    (MatMulNBits' B and packed uint8 zero points)."""
-    if bits == 8:
-        return np.ascontiguousarray(codes, dtype=np.uint8)
-    per = 8 // bits
-    r, c = codes.shape
-    pad = (-c) % per
-    if pad:
-        codes = np.concatenate([codes, np.zeros((r, pad), np.uint8)], axis=1)
-    g = codes.reshape(r, (c + pad) // per, per).astype(np.uint8)
-    out = np.zeros(g.shape[:2], np.uint8)
-    for i in range(per):
-        out |= g[..., i] << np.uint8(bits * i)
-    return out
-
-
-def _unpack(packed: np.ndarray, bits: int, c: int) -> np.ndarray:
-    if bits == 8:
-        return packed[:, :c]
-    per = 8 // bits
-    shifts = (np.arange(per, dtype=np.uint8) * bits).reshape(1, 1, per)
-    q = (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
-    return q.reshape(packed.shape[0], packed.shape[1] * per)[:, :c]
-
-
 def _onnx_int_tensor(name: str, values: np.ndarray, qtype: int) -> onnx.TensorProto:
     """An integer initializer; 4-bit types are packed two per byte over the flattened tensor, low first."""
     from onnx import TensorProto, helper
 
     flat = values.reshape(-1)
     if qtype in (TensorProto.INT4, TensorProto.UINT4):
-        raw = _pack((flat.astype(np.int16) & 0x0F).astype(np.uint8).reshape(1, -1), 4).tobytes()
+        raw = pack_codes((flat.astype(np.int16) & 0x0F).astype(np.uint8).reshape(1, -1), 4).tobytes()
     else:
         raw = flat.astype(np.int8 if qtype == TensorProto.INT8 else np.uint8).tobytes()
     return helper.make_tensor(name, qtype, list(values.shape), raw, raw=True)
