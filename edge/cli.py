@@ -170,7 +170,7 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
             model=model,
             device=args.device,
             backend=args.backend,
-            fallback=args.fallback is not None,
+            fallback=args.fallback or False,
             draft=args.draft,
             system=getattr(args, "system", None) or "",
             temperature=args.temperature,
@@ -416,6 +416,22 @@ def _write_json(path: str, obj: object) -> None:
 
 
 # -- parser ----------------------------------------------------------------------------------------
+def _placement_args(p: argparse.ArgumentParser) -> None:
+    """--device, --backend and --fallback, the same for `edge run` and `edge chat`."""
+    p.add_argument(
+        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
+    )
+    p.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
+    p.add_argument(
+        "--fallback",
+        nargs="?",
+        const="cpu",
+        default=None,
+        metavar="DEVICE",
+        help="run on DEVICE (default cpu) if the asked-for one is absent (announced)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edge", description="Run LLMs on the CPU, iGPU and NPU in front of you."
@@ -427,18 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt"
     )
-    run.add_argument(
-        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
-    )
-    run.add_argument("--backend", default=None, help="llamacpp | ort | openvino | coreml (default llamacpp)")
-    run.add_argument(
-        "--fallback",
-        nargs="?",
-        const="cpu",
-        default=None,
-        metavar="DEVICE",
-        help="run on DEVICE (default cpu) if the asked-for one is absent (announced)",
-    )
+    _placement_args(run)
     run.add_argument(
         "--emulate", action="store_true", help="--device npu: the NPU-shaped static graphs, run on the CPU"
     )
@@ -464,18 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the terminal chat app (Textual)")
     chat.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path")
-    chat.add_argument(
-        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
-    )
-    chat.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
-    chat.add_argument(
-        "--fallback",
-        nargs="?",
-        const="cpu",
-        default=None,
-        metavar="DEVICE",
-        help="run on DEVICE (default cpu) if the asked-for one is absent",
-    )
+    _placement_args(chat)
     chat.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
     chat.add_argument("--system", default="", help="system prompt of new conversations")
     chat.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")

@@ -10,7 +10,7 @@ class ChatSettings:
     model: str | None = None  # catalog name or .gguf path; None: the catalog default
     device: str = "cpu"
     backend: str | None = None  # None: llamacpp
-    fallback: bool = False
+    fallback: bool | str = False  # or the device kind to fall back to (edge chat --fallback cpu)
     draft: str | None = None
     system: str = ""  # system prompt of new conversations ("" leaves the template's default)
     temperature: float = 0.7
