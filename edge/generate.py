@@ -38,6 +38,13 @@ class GenerationConfig:
             raise ValueError("stop strings must not be empty")
 
 
+def window_note(dropped: int, kept: int) -> str | None:
+    """The one wording, for the CLI, the API and the chat app, of older turns leaving the window."""
+    if dropped <= 0:
+        return None
+    return f"older turns left the window ({dropped} tokens dropped, system prompt's {kept} kept)"
+
+
 @dataclass
 class GenerationStats:
     n_prompt_tokens: int = 0
@@ -57,12 +64,7 @@ class GenerationStats:
     @property
     def window_note(self) -> str | None:
         """What the stats line says when older turns left the window, else None."""
-        if self.n_dropped_tokens <= 0:
-            return None
-        return (
-            f"older turns left the window ({self.n_dropped_tokens} tokens dropped, "
-            f"system prompt's {self.n_kept_tokens} kept)"
-        )
+        return window_note(self.n_dropped_tokens, self.n_kept_tokens)
 
     @property
     def prefill_tok_s(self) -> float:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from devices.base import Decoder, rollback_limit
+from edge.generate import window_note
 
 if TYPE_CHECKING:
     from edge.generate import Generation
@@ -54,6 +55,10 @@ class KVState:
     def left_window(self) -> bool:
         """Older turns left the window (on any backend)."""
         return self.dropped > 0
+
+    @property
+    def window_note(self) -> str | None:
+        return window_note(self.dropped, self.kept)
 
     @property
     def fill_ratio(self) -> float:

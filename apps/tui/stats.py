@@ -42,12 +42,8 @@ class Live:
 def kv_text(kv: KVState) -> str:
     kind = "KV ring" if kv.ring else "KV"
     text = f"{kind} {kv.fill}/{kv.capacity} ({100 * kv.fill_ratio:.0f}%)"
-    if kv.left_window or kv.wrapped:
-        dropped = kv.dropped or kv.position - kv.capacity
-        text += (
-            f" [b yellow]older turns left the window ({dropped} tokens dropped; "
-            f"system prompt kept: {kv.kept or kv.sink} tokens)[/]"
-        )
+    if kv.window_note:
+        text += f" [b yellow]{kv.window_note}[/]"
     return text
 
 

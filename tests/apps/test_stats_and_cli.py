@@ -13,14 +13,15 @@ from edge.session import KVState
 
 def test_kv_text_linear_and_ring() -> None:
     assert kv_text(KVState(100, 4096, 100, ring=False)) == "KV 100/4096 (2%)"
-    ring = KVState(position=5000, capacity=4096, fill=4096, ring=True, sink=4)
-    note = "older turns left the window (904 tokens dropped; system prompt kept: 4 tokens)"
+    # as KVSession.state() reports a wrapped ring: what it evicted, and its sinks kept
+    ring = KVState(position=5000, capacity=4096, fill=4096, ring=True, sink=4, dropped=904, kept=4)
+    note = "older turns left the window (904 tokens dropped, system prompt's 4 kept)"
     assert ring.wrapped and note in kv_text(ring)
     assert not KVState(4000, 4096, 4000, ring=True).wrapped
     # llama.cpp's linear cache: the session cut the conversation and kept its 30-token system prompt
     cut = KVState(200, 256, 200, ring=False, dropped=350, kept=30)
     assert cut.left_window and not cut.wrapped
-    assert "older turns left the window (350 tokens dropped; system prompt kept: 30 tokens)" in kv_text(cut)
+    assert "older turns left the window (350 tokens dropped, system prompt's 30 kept)" in kv_text(cut)
     assert "left the window" not in kv_text(KVState(200, 256, 200, ring=False))
 
 
