@@ -121,10 +121,6 @@ class Plan:
         return sum(p.est_ms_per_token for p in self.partitions)
 
     @property
-    def placements(self) -> list[tuple[str, str]]:
-        return [(p.device.backend, p.device.kind) for p in self.partitions]
-
-    @property
     def static(self) -> bool:
         return any(p.static for p in self.partitions)
 
@@ -271,7 +267,7 @@ def plan(
             return Plan((_partition(model, whole, True, best),), None, tuple(reasons))
         ranked = sorted(devices, key=lambda d: -d.bandwidth_gbs)
         reasons.append("auto: no single device holds the model; layers fill the fastest devices first")
-        return _hetero(model, ranked, reasons, by_memory=True)
+        return Plan(_hetero(model, ranked, by_memory=True), None, tuple(reasons))
     chosen: list[DeviceProfile] = []
     note = None
     for target in targets:
@@ -296,8 +292,7 @@ def plan(
             )
         return Plan((_partition(model, whole, True, dev),), note, tuple(reasons))
     reasons.append("hetero: layers in proportion to each device's measured speed, capped by its memory")
-    plan_ = _hetero(model, chosen, reasons, by_memory=False)
-    return Plan(plan_.partitions, note, plan_.reasons)
+    return Plan(_hetero(model, chosen, by_memory=False), note, tuple(reasons))
 
 
 def _shares(devs: Sequence[DeviceProfile]) -> list[float]:
@@ -308,8 +303,9 @@ def _shares(devs: Sequence[DeviceProfile]) -> list[float]:
 
 
 def _hetero(
-    model: ModelProfile, devs: Sequence[DeviceProfile], reasons: list[str], *, by_memory: bool
-) -> Plan:
+    model: ModelProfile, devs: Sequence[DeviceProfile], *, by_memory: bool
+) -> tuple[PlannedPartition, ...]:
+    """One partition per device, in order: sized by speed share (or filled to memory), the head on the last."""
     ranges = _split(model, devs, None if by_memory else _shares(devs))
     parts = tuple(
         _partition(model, r, i == len(devs) - 1, d) for i, (r, d) in enumerate(zip(ranges, devs, strict=True))
@@ -320,4 +316,4 @@ def _hetero(
                 f"{p.describe()} does not fit its {p.device.memory_bytes / _MB:.0f} MB",
                 hint="lower --ctx-size or add a device",
             )
-    return Plan(parts, None, tuple(reasons))
+    return parts

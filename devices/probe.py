@@ -116,7 +116,7 @@ def _save_cache(data: dict[str, float]) -> None:
     os.replace(tmp, path)
 
 
-def _memory(inventory: Inventory, kind: str, props: dict[str, object]) -> int:
+def _memory(inventory: Inventory, props: dict[str, object]) -> int:
     system = inventory.memory_available_mb << 20
     for key in ("GPU_DEVICE_TOTAL_MEM_SIZE", "NPU_DEVICE_TOTAL_MEM_SIZE"):
         value = props.get(key)
@@ -153,7 +153,7 @@ def device_profiles(
                     backend=status.name,
                     kind=dev.kind,
                     name=dev.name,
-                    memory_bytes=_memory(inventory, dev.kind, dict(dev.properties)),
+                    memory_bytes=_memory(inventory, dict(dev.properties)),
                     bandwidth_gbs=gbs or 0.0,
                     dynamic_shapes=dev.kind != "npu",
                     measured=gbs is not None,
