@@ -20,12 +20,11 @@ import numpy as np
 from devices.ring_decoder import RingDecoder
 from devices.runners import RUNNERS, Runner, RunnerOptions
 from edge.errors import DeviceError, ModelFormatError
-from kvcache import LayerSpec
 from models.arch import ArchConfig, check_tensor_shapes
 from models.gguf_file import GGUFFile
 from models.onnx_safety import check_onnx_file
 from models.store import cache_dir
-from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
+from models.transformer import BuildOptions, Embedder, build_decoder
 
 GRAPH_FORMAT = 6  # bump when the graph a builder emits changes, to invalidate cached graphs
 
@@ -126,29 +125,15 @@ class GraphDecoder(RingDecoder):
         cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
         check_tensor_shapes(cfg, {name: t.shape for name, t in gguf.tensors.items()})
         self.backend, self.device = opts.backend, opts.device
-        kinds = layer_kinds(cfg)
-        window = cfg.sliding_window
-        specs = [
-            LayerSpec(
-                cfg.n_head_kv,
-                cfg.head_dim,
-                min(opts.capacity, window) if k else opts.capacity,
-                window if k else None,
-            )
-            for k in kinds
-        ]
         self._init_ring(
             cfg,
-            specs,
+            opts.capacity,
             sink=opts.sink,
             policy=opts.policy,
             max_rollback=opts.max_rollback,
             prefill_chunk=opts.prefill_chunk,
             bind_all=opts.static_shapes,
         )
-        # where each graph mask input comes from: the first layer of that kind
-        self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
-        self._kinds = kinds
         build = BuildOptions(
             lowering=opts.lowering,
             accuracy_level=opts.accuracy_level,

@@ -23,10 +23,8 @@ import numpy as np
 from devices.ring_decoder import RingDecoder
 from devices.runners import RUNNERS, Runner, RunnerOptions
 from edge.errors import DeviceError
-from kvcache import LayerSpec
 from models.arch import ArchConfig
 from models.store import cache_dir
-from models.transformer import layer_kinds
 
 __all__ = ["PartitionGraph", "PartitionedDecoder", "PartitionedOptions", "open_artifact_decoder"]
 
@@ -103,8 +101,6 @@ class PartitionedDecoder(RingDecoder):
         self.static = variants == {"prefill", "decode"}
         if not self.static and variants != {"dynamic"}:
             raise ValueError(f"unknown shape variants {sorted(variants)}")
-        kinds = layer_kinds(cfg)
-        self._kinds = kinds
         self._parts: list[_Part] = []
         static_q, static_cap = None, {}
         for p in partitions:
@@ -127,28 +123,11 @@ class PartitionedDecoder(RingDecoder):
             outs = ["logits" if p.head else "hidden_out"]
             outs += [f"new_{n}_{i}" for i in p.layers for n in ("key", "value")]
             self._parts.append(_Part(p, runners, inputs, outs))
-        window = cfg.sliding_window
-        if self.static:
-            cap0 = static_cap.get(0, opts.capacity)
-            specs = [
-                LayerSpec(cfg.n_head_kv, cfg.head_dim, static_cap.get(1, min(cap0, window or cap0)), window)
-                if k
-                else LayerSpec(cfg.n_head_kv, cfg.head_dim, cap0, None)
-                for k in kinds
-            ]
-        else:
-            specs = [
-                LayerSpec(
-                    cfg.n_head_kv,
-                    cfg.head_dim,
-                    min(opts.capacity, window) if k else opts.capacity,
-                    window if k else None,
-                )
-                for k in kinds
-            ]
+        cap0 = static_cap.get(0, opts.capacity) if self.static else opts.capacity
         self._init_ring(
             cfg,
-            specs,
+            cap0,
+            local_capacity=static_cap.get(1) if self.static else None,
             sink=opts.sink,
             policy=opts.policy,
             max_rollback=opts.max_rollback,
@@ -156,7 +135,6 @@ class PartitionedDecoder(RingDecoder):
             bind_all=self.static,
             static_q=static_q,
         )
-        self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self.backend = "+".join(dict.fromkeys(p.backend for p in partitions))
         self.device = "+".join(dict.fromkeys(p.device for p in partitions))
         # time spent in each partition's graph since load (edge bench reports it per partition)

@@ -15,6 +15,7 @@ from devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
 from kvcache import LayerSpec, RingKVCache
 from models.arch import ArchConfig
+from models.transformer import layer_kinds
 
 __all__ = ["RingDecoder"]
 
@@ -31,8 +32,9 @@ class RingDecoder:
     def _init_ring(
         self,
         cfg: ArchConfig,
-        specs: Sequence[LayerSpec],
+        capacity: int,
         *,
+        local_capacity: int | None = None,
         sink: int,
         policy: str,
         max_rollback: int,
@@ -40,10 +42,21 @@ class RingDecoder:
         bind_all: bool,
         static_q: int | None = None,
     ) -> None:
-        """`bind_all`: every KV slot is bound each step (static shapes); `static_q`: the fixed width of a static
-        prefill graph, which then sets the chunk."""
+        """KV slots: `capacity` for global layers, `local_capacity` (default: the window, at most `capacity`)
+        for sliding-window ones. `bind_all`: every KV slot is bound each step (static shapes); `static_q`: the
+        fixed width of a static prefill graph, which then sets the chunk."""
         self.cfg, self.vocab_size = cfg, cfg.n_vocab
-        self._specs = list(specs)
+        window = cfg.sliding_window
+        local = local_capacity if local_capacity is not None else min(capacity, window or capacity)
+        self._kinds = kinds = layer_kinds(cfg)
+        self._specs = [
+            LayerSpec(cfg.n_head_kv, cfg.head_dim, local, window)
+            if k
+            else LayerSpec(cfg.n_head_kv, cfg.head_dim, capacity, None)
+            for k in kinds
+        ]
+        # where each graph mask input comes from: the first layer of that kind
+        self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self._ring = (sink, policy, max_rollback)
         self._prefill_chunk, self._bind_all, self._static_q = prefill_chunk, bind_all, static_q
         self._default_sink = sink
