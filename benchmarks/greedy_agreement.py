@@ -2,6 +2,10 @@
 
     python benchmarks/greedy_agreement.py                         # 3 models x 2 backends x 10 prompts x 128
     python benchmarks/greedy_agreement.py --models smollm2-135m --tokens 32 --prompts 3
+    python benchmarks/greedy_agreement.py --backends ort,openvino,llamacpp-tokenwise
+
+`llamacpp-tokenwise` is llama.cpp against itself with the prompt fed one token at a time: how often its own
+decode path keeps the greedy path of its batched prefill (the floor for any engine compared with it).
 
 Each prompt runs through the model's chat template (a base model gets the raw text), then greedy decoding
 on the Decoder contract with EOS ignored, so every run is `--tokens` long. Reports per (model, backend) how
@@ -42,9 +46,12 @@ PROMPTS = (
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b")
 
 
-def greedy(dec: Decoder, prompt: list[int], n: int) -> list[int]:
+def greedy(dec: Decoder, prompt: list[int], n: int, piece: int | None = None) -> list[int]:
+    """`piece`: feed the prompt that many tokens per forward (None: all at once)."""
     dec.reset()
-    logits = dec.forward(prompt, last_only=True)[-1]
+    step = piece or len(prompt)
+    for i in range(0, len(prompt), step):
+        logits = dec.forward(prompt[i : i + step], last_only=True)[-1]
     out: list[int] = []
     for _ in range(n):
         tok = int(np.argmax(logits))
@@ -69,10 +76,12 @@ def main() -> None:
             refs = [greedy(ref_model.decoder, p, args.tokens) for p in prompts]
             path = ref_model.path
         for backend in args.backends.split(","):
-            dec = open_decoder(backend, path, "cpu", DecoderOptions(n_ctx=1024))
+            # llamacpp-tokenwise: llama.cpp itself, the prompt fed one token at a time (its decode path)
+            tokenwise = backend == "llamacpp-tokenwise"
+            dec = open_decoder("llamacpp" if tokenwise else backend, path, "cpu", DecoderOptions(n_ctx=1024))
             firsts = []
             for p, ref in zip(prompts, refs, strict=True):
-                got = greedy(dec, p, args.tokens)
+                got = greedy(dec, p, args.tokens, 1 if tokenwise else None)
                 diff = next((i for i, (a, b) in enumerate(zip(got, ref, strict=True)) if a != b), None)
                 firsts.append(diff)
             dec.close()

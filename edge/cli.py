@@ -386,6 +386,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         text=args.text,
         threads=args.threads,
+        test_chunk=args.test_chunk,
     )
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
@@ -397,7 +398,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 0
     m = result.metrics
     print(
-        f"{out['model']}: {result.backend} vs {cfg.reference} over {m.tokens} tokens of {out['text']}\n"
+        f"{out['model']}: {result.backend} ({result.test_chunk} token(s) per forward) vs {cfg.reference} "
+        f"({cfg.chunk} per forward) over {m.tokens} tokens of {out['text']}\n"
         f"  perplexity    {m.ppl:.4f} (reference {m.ppl_ref:.4f})\n"
         f"  KL(ref||test) mean {m.kl_mean:.3g} nats, p99 {m.kl_p99:.3g}\n"
         f"  top-1 agree   {100 * m.top1_agree:.2f}%\n"
@@ -539,6 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
     ev.add_argument("--threads", type=int, default=None)
+    ev.add_argument(
+        "--test-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="feed the tested backend N tokens per forward (1: its decode path; the reference stays batched)",
+    )
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)
 

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from devices.base import Decoder
 from devices.registry import DecoderOptions, open_decoder, require_backend
 from edge.data import read_text
@@ -32,6 +34,10 @@ class EvalConfig:
     tokens: int = 1024  # tokens of the text to score
     text: Path | None = None  # None: the shipped eval.txt
     chunk: int = 128  # tokens per forward; bounds the logits held: 2 x chunk x vocab x 4 bytes
+    # tokens per forward of the tested decoder (None: `chunk`); 1 scores its one-token decode path, the one
+    # generation runs, and `--backend llamacpp --test-chunk 1` measures how far llama.cpp's own decode path
+    # is from its batched one: the floor for any agreement figure against it
+    test_chunk: int | None = None
     max_ctx: int = 2048  # longer texts run in windows of this many tokens, the KV reset between them
     threads: int | None = None
 
@@ -40,6 +46,8 @@ class EvalConfig:
             raise ValueError(f"--tokens must be >= 1 (got {self.tokens})")
         if self.chunk < 1 or self.max_ctx < 2:
             raise ValueError("chunk must be >= 1 and max_ctx >= 2")
+        if self.test_chunk is not None and self.test_chunk < 1:
+            raise ValueError(f"--test-chunk must be >= 1 (got {self.test_chunk})")
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class EvalResult:
     reference: str
     text: str
     metrics: EvalMetrics
+    test_chunk: int  # tokens per forward the tested backend was given
 
     def to_dict(self) -> dict[str, Any]:
         m = asdict(self.metrics)
@@ -58,6 +67,7 @@ class EvalResult:
             "reference": self.reference,
             **m,
             "text": self.text,
+            "test_chunk": self.test_chunk,
         }
 
 
@@ -105,13 +115,14 @@ def evaluate(
     try:
         test = open_decoder(backend, path, cfg.device, opts)
         try:
-            rows = _teacher_force(ref, test, ids, window, cfg.chunk, on_progress)
+            rows = _teacher_force(ref, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk)
         finally:
             test.close()
     finally:
         ref.close()
     text = str(cfg.text) if cfg.text is not None else "edge/data/eval.txt"
-    return EvalResult(model, backend, cfg.reference, text, summarize(rows))
+    piece = min(cfg.test_chunk or cfg.chunk, cfg.chunk)
+    return EvalResult(model, backend, cfg.reference, text, summarize(rows), piece)
 
 
 def _teacher_force(
@@ -121,8 +132,12 @@ def _teacher_force(
     window: int,
     chunk: int,
     on_progress: Callable[[int, int], None] | None,
+    test_chunk: int | None = None,
 ) -> list[RowStats]:
-    """Row j of the logits predicts ids[j + 1]; every id but the first is scored once."""
+    """Row j of the logits predicts ids[j + 1]; every id but the first is scored once.
+
+    The test decoder takes each block in pieces of `test_chunk` tokens (same logits rows, another code path).
+    """
     if ref.vocab_size != test.vocab_size:
         raise EdgeError(f"vocab sizes differ: reference {ref.vocab_size}, test {test.vocab_size}")
     total = len(ids) - 1
@@ -134,7 +149,15 @@ def _teacher_force(
         for s in range(start, end, chunk):
             e = min(s + chunk, end)
             block = ids[s:e]
-            rows.append(compare_rows(ref.forward(block), test.forward(block), ids[s + 1 : e + 1]))
+            rows.append(
+                compare_rows(ref.forward(block), _forward(test, block, test_chunk), ids[s + 1 : e + 1])
+            )
             if on_progress is not None:
                 on_progress(e, total)
     return rows
+
+
+def _forward(dec: Decoder, block: list[int], piece: int | None) -> np.ndarray:
+    if piece is None or piece >= len(block):
+        return dec.forward(block)
+    return np.concatenate([dec.forward(block[i : i + piece]) for i in range(0, len(block), piece)])

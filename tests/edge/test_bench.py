@@ -113,3 +113,25 @@ def test_eval_of_llamacpp_against_itself_is_exact() -> None:
     assert r["top1_agree"] == 1.0 and r["rms_dp"] == 0.0
     assert r["ppl"] == r["ppl_ref"]
     assert 1 < r["ppl"] < 200
+
+
+@pytest.mark.slow
+def test_eval_test_chunk_scores_the_decode_path() -> None:
+    """--test-chunk 1 feeds the tested backend one token per forward against a batched reference.
+
+    llama.cpp's one-token path rounds differently from its batched one (another kernel), so against itself it
+    is no longer exact: the figure is the floor for any engine measured against llama.cpp. edge's ORT graph
+    gives the same logits either way (fp32 in both paths).
+    """
+    base = ("eval", "smollm2-135m", "--tokens", "96", "--test-chunk", "1", "--json")
+    out = _edge(*base, "--backend", "llamacpp", "--reference", "llamacpp")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["tokens"] == 96 and r["test_chunk"] == 1
+    assert 0 < r["kl_mean"] < 0.05 and r["top1_agree"] > 0.85
+    out = _edge(*base, "--backend", "ort", "--reference", "ort")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["test_chunk"] == 1 and r["kl_mean"] < 1e-6 and r["top1_agree"] == 1.0
+    bad = _edge("eval", "smollm2-135m", "--test-chunk", "0")
+    assert bad.returncode != 0 and "--test-chunk must be >= 1" in bad.stderr
