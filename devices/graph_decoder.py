@@ -26,7 +26,7 @@ from models.onnx_safety import check_onnx_file
 from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder
 
-GRAPH_FORMAT = 6  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 7  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,11 @@ class GraphOptions:
     )
 
 
-def _graph_dir(gguf: GGUFFile, build: BuildOptions, fused_for: str | None = None) -> Path:
+def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None = None, fuse: bool = True) -> Path:
     st = gguf.path.stat()
     key = json.dumps(
         [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, asdict(build)]
-        + ([f"fused:{fused_for}"] if fused_for else []),
+        + ([f"target:{target}", f"fuse:{fuse}"] if target else []),
         sort_keys=True,
     )
     return cache_dir() / "graphs" / hashlib.sha256(key.encode()).hexdigest()[:20]
@@ -78,12 +78,15 @@ def _entry_is_whole(folder: Path) -> bool:
     return True
 
 
-def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions, fused_for: str | None = None) -> Path:
+def ensure_graph(
+    gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions, target: str | None = None, *, fuse: bool = True
+) -> Path:
     """Path of the cached ONNX graph for (file, options); built and written atomically when missing or
-    damaged (the build goes to a temporary folder renamed into place, so a killed build leaves no entry)."""
+    damaged (the build goes to a temporary folder renamed into place, so a killed build leaves no entry).
+    With a target: graph_opt's fusions for it (fuse) and its weight lowerings (always, see LOWERINGS)."""
     import onnx
 
-    final = _graph_dir(gguf, build, fused_for)
+    final = _graph_dir(gguf, build, target, fuse)
     model_path = final / "model.onnx"
     if _entry_is_whole(final):
         return model_path
@@ -91,10 +94,10 @@ def ensure_graph(gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions, fused_for
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:
         model = build_decoder(gguf, cfg, build)
-        if fused_for is not None:  # graph_opt's fusions for that backend; weights and lowering kept
+        if target is not None:
             from graph_opt import fuse_proto
 
-            model = fuse_proto(model, fused_for)
+            model = fuse_proto(model, target, fuse=fuse)
         onnx.save_model(
             model,
             tmp / "model.onnx",
@@ -139,7 +142,7 @@ class GraphDecoder(RingDecoder):
             accuracy_level=opts.accuracy_level,
             head_accuracy_level=opts.head_accuracy_level,
         )
-        model_path = ensure_graph(gguf, cfg, build, opts.backend if opts.fuse else None)
+        model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse)
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.exact, model_path.parent)
         self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)

@@ -6,7 +6,7 @@ Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` 
 from graph_opt.attention import attention
 from graph_opt.fold import fold
 from graph_opt.linear import BlockWeight, Linear, emit_linear, find_linears
-from graph_opt.lower import lower, lowering_for
+from graph_opt.lower import int8_nibbles, lower, lowering_for
 from graph_opt.manager import (
     PASSES,
     TARGETS,
@@ -19,7 +19,7 @@ from graph_opt.manager import (
     run_passes,
 )
 from graph_opt.partition import LayerRange, parse_ranges, plan_partitions
-from graph_opt.pipeline import FUSIONS, PIPELINES, OptimizeResult, fuse_proto, optimize, pipeline
+from graph_opt.pipeline import FUSIONS, LOWERINGS, PIPELINES, OptimizeResult, fuse_proto, optimize, pipeline
 from graph_opt.quantize import (
     QuantReport,
     QuantSpec,
@@ -40,6 +40,7 @@ from graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
 
 __all__ = [
     "FUSIONS",
+    "LOWERINGS",
     "PASSES",
     "PIPELINES",
     "TARGETS",
@@ -61,6 +62,7 @@ __all__ = [
     "fuse_proto",
     "gptq",
     "graph_pass",
+    "int8_nibbles",
     "layer_of",
     "lower",
     "lowering_for",

@@ -354,7 +354,34 @@ def _emit_nodes(
         w = _per_channel_as_blocks(w)  # MatMulNBits wants a power-of-two block
     kb, bs = w.k_blocks, w.block_size
     codes = np.pad(w.codes, ((0, 0), (0, kb * bs - w.k))) if kb * bs != w.k else w.codes
-    if lowering == "nbits":
+    if lowering == "nibbles":
+        if w.bits != 8:
+            raise ValueError(f"{p}: the nibbles lowering takes 8-bit weights, not {w.bits}-bit")
+        # code = 16 hi + lo and zp = 16 zh + zl, so (code - zp) s = (hi - zh) 16 s + (lo - zl) s exactly
+        zp = w.integer_zero_points()
+        halves = []
+        for tag, part, zpart, scale in (
+            ("hi", codes >> 4, zp >> 4, w.scales * _F32(16)),
+            ("lo", codes & 15, zp & 15, w.scales),
+        ):
+            halves.append(
+                ir.Node(
+                    "com.microsoft",
+                    "MatMulNBits",
+                    [
+                        x,
+                        _init(model, f"{p}.B_{tag}", pack_codes(part, 4).reshape(w.n, kb, bs // 2)),
+                        _init(model, f"{p}.scales_{tag}", scale.astype(_F32)),
+                        _init(model, f"{p}.zero_points_{tag}", pack_codes(zpart, 4)),
+                    ],
+                    [
+                        ir.Attr(k, ir.AttributeType.INT, v)
+                        for k, v in {"K": w.k, "N": w.n, "bits": 4, "block_size": bs}.items()
+                    ],
+                )
+            )
+        nodes += [*halves, ir.Node("", "Add", [halves[0].outputs[0], halves[1].outputs[0]])]
+    elif lowering == "nbits":
         inputs = [
             x,
             _init(model, f"{p}.B", pack_codes(codes, w.bits).reshape(w.n, kb, bs * w.bits // 8)),
@@ -397,7 +424,7 @@ def _emit_nodes(
         )
         nodes += [dq, ir.Node("", "MatMul", [x, dq.outputs[0]])]
     else:
-        raise ValueError(f"unknown lowering {lowering!r}; expected nbits or qdq")
+        raise ValueError(f"unknown lowering {lowering!r}; expected nbits, nibbles or qdq")
     main = nodes[-1].outputs[0]
     if w.bias is None:
         return nodes, main

@@ -12,7 +12,7 @@ import onnx_ir as ir
 from graph_opt.manager import PASSES, PassContext, PassRecord, run_passes
 from graph_opt.quantize import QuantReport, QuantSpec
 
-__all__ = ["FUSIONS", "PIPELINES", "OptimizeResult", "fuse_proto", "optimize", "pipeline"]
+__all__ = ["FUSIONS", "LOWERINGS", "PIPELINES", "OptimizeResult", "fuse_proto", "optimize", "pipeline"]
 
 FUSIONS = {
     "ort": ["rmsnorm", "skip_rmsnorm", "rotary", "attention"],
@@ -22,7 +22,12 @@ FUSIONS = {
     "openvino": ["rmsnorm"],
     "coreml": [],
 }
-PIPELINES = {t: ["fold", *f, "quantize", "lower", "specialize", "fold"] for t, f in FUSIONS.items()}
+# Passes that make a graph's weights run well on a target, whatever else is done to it (every graph built for
+# the target gets them, fused or not)
+LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": [], "coreml": []}
+PIPELINES = {
+    t: ["fold", *f, "quantize", "lower", *LOWERINGS[t], "specialize", "fold"] for t, f in FUSIONS.items()
+}
 
 
 def pipeline(target: str, *, fuse: bool = True) -> list[str]:
@@ -70,8 +75,11 @@ def optimize(
     return OptimizeResult(records, report)
 
 
-def fuse_proto(model: onnx.ModelProto, target: str) -> onnx.ModelProto:
-    """Folding and the target's fusion passes only (weights and their lowering as they are), on a proto."""
+def fuse_proto(model: onnx.ModelProto, target: str, *, fuse: bool = True) -> onnx.ModelProto:
+    """Folding and the target's fusion passes (fuse=False: none), then its LOWERINGS, on a proto; the weights'
+    quantization as it is."""
     m = ir.serde.deserialize_model(model)
-    run_passes(m, ["fold", *FUSIONS[target]], PassContext(target))
+    names = (["fold", *FUSIONS[target]] if fuse else []) + LOWERINGS[target]
+    if names:
+        run_passes(m, names, PassContext(target))
     return ir.serde.serialize_model(m)

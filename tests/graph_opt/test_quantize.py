@@ -189,3 +189,28 @@ def test_lower_sets_accuracy_levels(tmp_path: Path) -> None:
     levels = {lin.name: lin.accuracy_level for lin in graph_opt.find_linears(model)}
     assert levels.pop("output.weight") == 4 and set(levels.values()) == {0}
     assert isinstance(graph_opt.find_linears(model)[0].weight, BlockWeight)
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0, T.Q5_1])
+def test_int8_nibbles_keeps_outputs_and_leaves_int8_activations_alone(tmp_path: Path, qtype: T) -> None:
+    """8-bit linears with fp32 activations become two 4-bit MatMulNBits and an Add (ORT's fast 4-bit kernels,
+    the same products); a level-4 head (int8 activations, ORT's fast 8-bit path) stays 8-bit; OpenVINO keeps
+    its 8-bit weights."""
+    path = write_tiny_model(tmp_path / "m.gguf", replace(SPECS["qwen2"], weight_type=qtype))
+    cfg = tiny_config(path)
+    proto = tiny_graph(path, BuildOptions(head_accuracy_level=4))
+    feeds = feeds_for(proto, cfg)
+    want = run_ort(proto, feeds)
+    model = to_ir(proto)
+    before = [(lin.weight.bits, lin.accuracy_level) for lin in graph_opt.find_linears(model)]
+    assert before[-1] == (8, 4) and set(before[:-1]) == {(8, 0)}
+    (rec,) = run_passes(model, ["int8_nibbles"], PassContext("ort"))
+    assert rec.rewrites == len(before) - 1
+    after = [(lin.weight.bits, lin.accuracy_level) for lin in graph_opt.find_linears(model)]
+    assert after == [(4, 0)] * (2 * (len(before) - 1)) + [(8, 4)]
+    got = run_ort(model, feeds)
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    assert max_abs_diff(want, got) < 1e-5 * scale
+    ov = to_ir(proto)
+    (skipped,) = run_passes(ov, ["int8_nibbles"], PassContext("openvino"))
+    assert not skipped.applied and ops(ov) == ops(proto)
