@@ -8,17 +8,17 @@ llama.cpp's CPU matmuls quantize the activations per row to the weight type's "v
 of 32, an fp16 scale, round half to even) for Q4_0 / Q5_0 / Q8_0; q8_1 (the same plus an fp16 block sum
 that multiplies the weight block's min) for Q4_1 / Q5_1; q8_K (blocks of 256, an fp32 scale) for the
 K-quants; f16 for F16. Its KV cache is f16, and without flash attention Q and the softmax probabilities are
-rounded to f16 for their matmuls with K and V. The forward here (tests/numpy_reference.py, float64) applies
-exactly those roundings ("llama"), or none ("exact"). On tiny models it prints the logit differences to
+rounded to f16 for their matmuls with K and V. tests/numpy_reference.py's float64 forward runs with exactly
+those roundings hooked in ("llama"), or none ("exact"). On tiny models it prints the logit differences to
 llama.cpp (median and largest); on a catalog model, KL and top-1 agreement over a text.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -86,60 +86,24 @@ def block_mins(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def forward(m: R.RefModel, types: dict[str, str], mins: dict[str, np.ndarray], ids: list[int], llama: bool):
-    """tests/numpy_reference.forward (no streaming), with llama.cpp's roundings when `llama`."""
-    w, n, hd = m.weights, len(ids), m.head_dim
-    group, positions, pairs = m.n_head // m.n_head_kv, np.arange(n), R.ROPE_PAIRS[m.arch]
+def llama_matmul(m: R.RefModel, path: Path) -> Callable[[np.ndarray, str], np.ndarray]:
+    """x @ W^T as llama.cpp's CPU matmul rounds it: x quantized to the weight type's vec_dot type first."""
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    mins = block_mins(path)
 
-    def lin(x: np.ndarray, name: str) -> np.ndarray:
+    def matmul(x: np.ndarray, name: str) -> np.ndarray:
         key = name + ".weight"
         corr = None
-        if llama and types[key] in VEC_DOT:
+        if types[key] in VEC_DOT:
             x, corr = q8(x, VEC_DOT[types[key]])
-        y = x @ w[key].T
-        if corr is not None:
-            y = y + corr @ mins[key].T
-        bias = w.get(name + ".bias")
-        return y if bias is None else y + bias
+        y = x @ m.weights[key].T
+        return y if corr is None else y + corr @ mins[key].T
 
-    def f16(a: np.ndarray) -> np.ndarray:
-        return a.astype(np.float16).astype(np.float64) if llama else a
+    return matmul
 
-    x = w["token_embd.weight"][np.asarray(ids)]
-    if m.arch == "gemma3":
-        x = x * math.sqrt(m.n_embd)
-    for i in range(m.n_layer):
-        p = f"blk.{i}."
-        h = R.rms_norm(x, w[p + "attn_norm.weight"], m.eps)
-        q = lin(h, p + "attn_q").reshape(n, m.n_head, hd)
-        k = lin(h, p + "attn_k").reshape(n, m.n_head_kv, hd)
-        v = lin(h, p + "attn_v").reshape(n, m.n_head_kv, hd)
-        if m.arch == "gemma3":
-            q = R.rms_norm(q, w[p + "attn_q_norm.weight"], m.eps)
-            k = R.rms_norm(k, w[p + "attn_k_norm.weight"], m.eps)
-        local = m.is_local(i)
-        base = R.GEMMA3_SWA_ROPE_BASE if local else m.rope_base
-        q, k = R.rope(q, positions, base, pairs), R.rope(k, positions, base, pairs)
-        q = q / math.sqrt(hd)  # llama.cpp scales Q (gemma3) or the scores: the same up to rounding
-        q, k, v = f16(q), f16(k), f16(v)
-        scores = np.einsum("qhd,khd->hqk", q, np.repeat(k, group, axis=1))
-        see = R.visible(n, window=m.sliding_window if local else None)
-        scores = np.where(see[None], scores, -np.inf)
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        probs = f16(probs / probs.sum(-1, keepdims=True))
-        attn = np.einsum("hqk,khd->qhd", probs, np.repeat(v, group, axis=1)).reshape(n, -1)
-        attn = lin(attn, p + "attn_output")
-        if m.arch == "gemma3":
-            attn = R.rms_norm(attn, w[p + "post_attention_norm.weight"], m.eps)
-        x = x + attn
-        h = R.rms_norm(x, w[p + "ffn_norm.weight"], m.eps)
-        act = R.gelu_tanh if m.arch == "gemma3" else R.silu
-        mlp = lin(act(lin(h, p + "ffn_gate")) * lin(h, p + "ffn_up"), p + "ffn_down")
-        if m.arch == "gemma3":
-            mlp = R.rms_norm(mlp, w[p + "post_ffw_norm.weight"], m.eps)
-        x = x + mlp
-    x = R.rms_norm(x, w["output_norm.weight"], m.eps)
-    return lin(x, "output" if "output.weight" in w else "token_embd")
+
+def f16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float64)
 
 
 def llama_logits(path: Path, ids: list[int], chunk: int = 128) -> np.ndarray:
@@ -152,9 +116,10 @@ def llama_logits(path: Path, ids: list[int], chunk: int = 128) -> np.ndarray:
 
 def compare(path: Path, ids: list[int]) -> dict[str, np.ndarray]:
     model = R.load(path)
-    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
-    mins = block_mins(path)
-    return {mode: forward(model, types, mins, ids, mode == "llama") for mode in ("exact", "llama")}
+    return {
+        "exact": R.forward(model, ids),
+        "llama": R.forward(model, ids, matmul=llama_matmul(model, path), attn_round=f16),
+    }
 
 
 def main() -> None:

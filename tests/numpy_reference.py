@@ -35,7 +35,7 @@ sees key j iff j <= p and (j < sink or j >= p - (capacity - sink)).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,8 +158,19 @@ def visible(
     return ok
 
 
-def forward(model: RefModel, ids: Sequence[int], *, streaming: tuple[int, int] | None = None) -> np.ndarray:
-    """Logits [len(ids), vocab] (float64) for the sequence at positions 0..n-1, every position scored."""
+def forward(
+    model: RefModel,
+    ids: Sequence[int],
+    *,
+    streaming: tuple[int, int] | None = None,
+    matmul: Callable[[np.ndarray, str], np.ndarray] | None = None,
+    attn_round: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
+    """Logits [len(ids), vocab] (float64) for the sequence at positions 0..n-1, every position scored.
+
+    Hooks for modelling another engine's roundings (benchmarks/llamacpp_rounding.py): `matmul(x, name)`
+    computes x @ W^T for the weight `name + ".weight"` (bias added after it), `attn_round` is applied to Q, K
+    and V after RoPE and to the attention probabilities."""
     m, w = model, model.weights
     ids_arr = np.asarray(ids, dtype=np.int64)
     n, hd = len(ids_arr), m.head_dim
@@ -168,7 +179,7 @@ def forward(model: RefModel, ids: Sequence[int], *, streaming: tuple[int, int] |
     pairs = ROPE_PAIRS[m.arch]
 
     def lin(x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ w[name + ".weight"].T
+        y = x @ w[name + ".weight"].T if matmul is None else matmul(x, name)
         bias = w.get(name + ".bias")
         return y if bias is None else y + bias
 
@@ -187,6 +198,8 @@ def forward(model: RefModel, ids: Sequence[int], *, streaming: tuple[int, int] |
         local = m.is_local(i)
         base = GEMMA3_SWA_ROPE_BASE if local else m.rope_base
         q, k = rope(q, positions, base, pairs), rope(k, positions, base, pairs)
+        if attn_round is not None:
+            q, k, v = attn_round(q), attn_round(k), attn_round(v)
         see = visible(
             n,
             window=m.sliding_window if local else None,
@@ -199,6 +212,8 @@ def forward(model: RefModel, ids: Sequence[int], *, streaming: tuple[int, int] |
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
+        if attn_round is not None:
+            probs = attn_round(probs)
         attn = np.einsum("hqk,khd->qhd", probs, v_full).reshape(n, m.n_head * hd)
         attn = lin(attn, p + "attn_output")
         if m.arch == "gemma3":
@@ -211,5 +226,4 @@ def forward(model: RefModel, ids: Sequence[int], *, streaming: tuple[int, int] |
             mlp = rms_norm(mlp, w[p + "post_ffw_norm.weight"], m.eps)
         x = x + mlp
     x = rms_norm(x, w["output_norm.weight"], m.eps)
-    head = w.get("output.weight", w["token_embd.weight"])
-    return x @ head.T
+    return lin(x, "output" if "output.weight" in w else "token_embd")
