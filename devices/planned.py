@@ -92,9 +92,9 @@ def plan_artifact(
             static=static,
             prefill_chunk=options.prefill_chunk,
             capacity=capacity,
-            # as the whole-model graph backends run (devices/registry.py): an fp32 body, int8 activations
-            # only where ORT's 8-bit kernels are otherwise slow (the head and 8-bit weights); OpenVINO
-            # ignores the level
+            # int8 activations where ORT's 8-bit kernels are otherwise slow (the head and 8-bit weights):
+            # plans are lowered once for every backend (target openvino), so ORT partitions do not get the
+            # exact two-nibble form the whole-model ORT graph has; OpenVINO ignores the level
             head_accuracy_level=4,
             int8_accuracy_level=4,
         )
