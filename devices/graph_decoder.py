@@ -154,20 +154,14 @@ class GraphDecoder(RingDecoder):
         if view.dropped:
             raise self._overflowed()
         rows = np.array([len(ids) - 1] if last_only else range(len(ids)), dtype=np.int64)
+        masks, bound = self._bindings(view)
         feeds: dict[str, np.ndarray] = {
             "hidden": self.embed(ids),
             "positions": view.positions,
             "logit_rows": rows,
+            **masks,
+            **self._past_feeds(range(self.cfg.n_layer), bound),
         }
-        bound = {}
-        for k, layer in self._mask_layer.items():
-            bound[k] = self._bound_slots(layer)
-            feeds[f"mask_{k}"] = view.mask_prefix(layer, bound[k])
-        for i in range(self.cfg.n_layer):
-            n = bound[self._kinds[i]]
-            # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
-            feeds[f"past_key_{i}"] = cache.keys[i][:, :n]
-            feeds[f"past_value_{i}"] = cache.values[i][:, :n]
         out = self._run(self.runner, feeds, self._outputs)
         cache.commit(out[1::2], out[2::2])
         return out[0][0]  # [r, vocab]

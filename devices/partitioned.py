@@ -161,10 +161,8 @@ class PartitionedDecoder(RingDecoder):
             if self.static
             else np.array([n - 1] if last_only else range(n), dtype=np.int64)
         )
-        shared: dict[str, np.ndarray] = {"positions": view.positions, "logit_rows": rows}
-        bound = {k: self._bound_slots(layer) for k, layer in self._mask_layer.items()}  # once per layer kind
-        for k, layer in self._mask_layer.items():
-            shared[f"mask_{k}"] = view.mask_prefix(layer, bound[k])
+        masks, bound = self._bindings(view)
+        shared: dict[str, np.ndarray] = {"positions": view.positions, "logit_rows": rows, **masks}
         new_k: list[np.ndarray] = [np.empty(0)] * self.cfg.n_layer
         new_v = list(new_k)
         logits = np.empty(0)
@@ -172,11 +170,7 @@ class PartitionedDecoder(RingDecoder):
             names = part.inputs[variant]
             feeds = {k: v for k, v in shared.items() if k in names}
             feeds["hidden"] = hidden
-            for i in part.spec.layers:
-                b = bound[self._kinds[i]]
-                # a slot prefix of a slot-major buffer is contiguous: bound by pointer, no copy
-                feeds[f"past_key_{i}"] = cache.keys[i][:, :b]
-                feeds[f"past_value_{i}"] = cache.values[i][:, :b]
+            feeds.update(self._past_feeds(part.spec.layers, bound))
             t0 = time.perf_counter()
             out = self._run(part.runners[variant], feeds, part.outputs)
             self.partition_seconds[index] += time.perf_counter() - t0

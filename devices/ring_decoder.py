@@ -7,13 +7,13 @@ failure mid-run into a typed `DeviceError`. `GraphDecoder` (one whole-model grap
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
-from kvcache import LayerSpec, RingKVCache
+from kvcache import LayerSpec, RingKVCache, StepView
 from models.arch import ArchConfig
 from models.transformer import layer_kinds
 
@@ -57,9 +57,8 @@ class RingDecoder:
         ]
         # where each graph mask input comes from: the first layer of that kind
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
-        self._ring = (sink, policy, max_rollback)
+        self._policy, self._max_rollback, self._default_sink = policy, max_rollback, sink
         self._prefill_chunk, self._bind_all, self._static_q = prefill_chunk, bind_all, static_q
-        self._default_sink = sink
         self.cache = self._new_cache(sink)
         if static_q is not None and static_q > self.cache.max_step:
             raise ValueError(
@@ -71,12 +70,10 @@ class RingDecoder:
         self.n_ctx = (
             cfg.context_length if policy == "ring" or limit is None else min(limit, cfg.context_length)
         )
-        self._policy = policy
         self._lock = threading.Lock()
 
     def _new_cache(self, sink: int) -> RingKVCache:
-        _, policy, max_rollback = self._ring
-        return RingKVCache(self._specs, sink=sink, policy=policy, max_rollback=max_rollback)  # type: ignore[arg-type]
+        return RingKVCache(self._specs, sink=sink, policy=self._policy, max_rollback=self._max_rollback)  # type: ignore[arg-type]
 
     def _set_chunk(self) -> None:
         self.chunk = max(1, min(self._static_q or self._prefill_chunk, self.cache.max_step))
@@ -109,6 +106,22 @@ class RingDecoder:
             return cap
         used = self.cache.occupied(layer)
         return min(cap, max(_SLOT_GRAIN, -(-used // _SLOT_GRAIN) * _SLOT_GRAIN))
+
+    def _bindings(self, view: StepView) -> tuple[dict[str, np.ndarray], dict[int, int]]:
+        """A step's mask feeds, and the past slots bound per layer kind (worked out once per kind)."""
+        bound = {k: self._bound_slots(layer) for k, layer in self._mask_layer.items()}
+        masks = {f"mask_{k}": view.mask_prefix(layer, bound[k]) for k, layer in self._mask_layer.items()}
+        return masks, bound
+
+    def _past_feeds(self, layers: Iterable[int], bound: Mapping[int, int]) -> dict[str, np.ndarray]:
+        """past_key_i / past_value_i for the layers: a slot prefix of a slot-major buffer is contiguous, so
+        they are bound by pointer, no copy."""
+        cache, feeds = self.cache, {}
+        for i in layers:
+            b = bound[self._kinds[i]]
+            feeds[f"past_key_{i}"] = cache.keys[i][:, :b]
+            feeds[f"past_value_{i}"] = cache.values[i][:, :b]
+        return feeds
 
     # -- running -------------------------------------------------------------------------------------
     def _run(
