@@ -350,7 +350,11 @@ def _emit_nodes(
         nodes.append(ir.Node("", "MatMul", [x, w_t]))
         return nodes, nodes[-1].outputs[0]
     w = weight
-    if lowering == "nbits" and w.k_blocks == 1 and (w.block_size < 16 or w.block_size & (w.block_size - 1)):
+    if (
+        lowering in ("nbits", "nibbles")
+        and w.k_blocks == 1
+        and (w.block_size < 16 or w.block_size & (w.block_size - 1))
+    ):
         w = _per_channel_as_blocks(w)  # MatMulNBits wants a power-of-two block
     kb, bs = w.k_blocks, w.block_size
     codes = np.pad(w.codes, ((0, 0), (0, kb * bs - w.k))) if kb * bs != w.k else w.codes

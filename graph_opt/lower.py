@@ -81,8 +81,6 @@ def int8_nibbles(model: ir.Model, ctx: PassContext) -> int:
     for lin in find_linears(model):
         w = lin.weight
         if lin.form == "nbits" and isinstance(w, BlockWeight) and w.bits == 8 and lin.accuracy_level == 0:
-            if w.k_blocks * w.block_size != w.k or w.block_size < 16:
-                continue  # MatMulNBits' 4-bit kernels want whole power-of-two blocks; such a linear stays
             emit_linear(model, lin, lowering="nibbles", accuracy_level=0)
             changed += 1
     return changed

@@ -214,3 +214,33 @@ def test_int8_nibbles_keeps_outputs_and_leaves_int8_activations_alone(tmp_path: 
     ov = to_ir(proto)
     (skipped,) = run_passes(ov, ["int8_nibbles"], PassContext("openvino"))
     assert not skipped.applied and ops(ov) == ops(proto)
+
+
+def test_nibbles_lowering_of_a_per_channel_int8_weight() -> None:
+    """A per-channel INT8 weight (one block spanning a row of 96 inputs, not a power of two) lowers to
+    nibbles through the same power-of-two blocks the 8-bit form uses, with the 8-bit form's outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((40, 96)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w_t"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 40])],
+        [numpy_helper.from_array(np.ascontiguousarray(w.T), "w_t")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    feeds = {"x": rng.standard_normal((3, 96)).astype(np.float32)}
+    q = graph_opt.quantize_int8(w)
+    assert q.block_size == 96 and q.k_blocks == 1
+    outs = {}
+    for form in ("nbits", "nibbles"):
+        model = to_ir(proto)
+        (lin,) = graph_opt.find_linears(model)
+        graph_opt.emit_linear(model, lin, q, lowering=form, accuracy_level=0)
+        bits = {n.attributes["bits"].value for n in model.graph if n.op_type == "MatMulNBits"}
+        assert bits == ({8} if form == "nbits" else {4})
+        outs[form] = run_ort(model, feeds)["y"]
+    assert np.abs(outs["nibbles"] - outs["nbits"]).max() < 1e-5 * np.abs(outs["nbits"]).max()
+    assert np.abs(outs["nbits"] - feeds["x"] @ q.dequantize().T).max() < 1e-4
