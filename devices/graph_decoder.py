@@ -95,9 +95,9 @@ def ensure_graph(
     try:
         model = build_decoder(gguf, cfg, build)
         if target is not None:
-            from graph_opt import fuse_proto
+            from graph_opt import target_proto
 
-            model = fuse_proto(model, target, fuse=fuse)
+            model = target_proto(model, target, fuse=fuse)
         onnx.save_model(
             model,
             tmp / "model.onnx",

@@ -19,7 +19,7 @@ from graph_opt.manager import (
     run_passes,
 )
 from graph_opt.partition import LayerRange, parse_ranges, plan_partitions
-from graph_opt.pipeline import FUSIONS, LOWERINGS, PIPELINES, OptimizeResult, fuse_proto, optimize, pipeline
+from graph_opt.pipeline import FUSIONS, LOWERINGS, PIPELINES, OptimizeResult, optimize, pipeline, target_proto
 from graph_opt.quantize import (
     QuantReport,
     QuantSpec,
@@ -59,7 +59,6 @@ __all__ = [
     "emit_linear",
     "find_linears",
     "fold",
-    "fuse_proto",
     "gptq",
     "graph_pass",
     "int8_nibbles",
@@ -85,4 +84,5 @@ __all__ = [
     "skip_rmsnorm",
     "specialize",
     "specialize_shapes",
+    "target_proto",
 ]

@@ -12,7 +12,7 @@ import onnx_ir as ir
 from graph_opt.manager import PASSES, PassContext, PassRecord, run_passes
 from graph_opt.quantize import QuantReport, QuantSpec
 
-__all__ = ["FUSIONS", "LOWERINGS", "PIPELINES", "OptimizeResult", "fuse_proto", "optimize", "pipeline"]
+__all__ = ["FUSIONS", "LOWERINGS", "PIPELINES", "OptimizeResult", "optimize", "pipeline", "target_proto"]
 
 FUSIONS = {
     "ort": ["rmsnorm", "skip_rmsnorm", "rotary", "attention"],
@@ -75,11 +75,12 @@ def optimize(
     return OptimizeResult(records, report)
 
 
-def fuse_proto(model: onnx.ModelProto, target: str, *, fuse: bool = True) -> onnx.ModelProto:
-    """Folding and the target's fusion passes (fuse=False: none), then its LOWERINGS, on a proto; the weights'
-    quantization as it is."""
-    m = ir.serde.deserialize_model(model)
+def target_proto(model: onnx.ModelProto, target: str, *, fuse: bool = True) -> onnx.ModelProto:
+    """A built graph made ready for a target: folding and its fusion passes (fuse=False: none), then its
+    LOWERINGS; the weights' quantization as it is."""
     names = (["fold", *FUSIONS[target]] if fuse else []) + LOWERINGS[target]
-    if names:
-        run_passes(m, names, PassContext(target))
+    if not names:
+        return model
+    m = ir.serde.deserialize_model(model)
+    run_passes(m, names, PassContext(target))
     return ir.serde.serialize_model(m)
