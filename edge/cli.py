@@ -535,7 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model", help="catalog name, .gguf path or artifact directory (edge convert -o DIR)")
     ev.add_argument("--backend", default=None, help="default llamacpp; an artifact: its target")
     ev.add_argument(
-        "--reference", default="llamacpp", help="a backend, or an artifact directory of the same model"
+        "--reference",
+        default="llamacpp",
+        help="a backend, or an artifact directory of the same model (any quantization: same tokenizer)",
     )
     ev.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
     ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")

@@ -98,16 +98,21 @@ def evaluate(
     path = resolve_model(model)
     artifact = open_artifact(path) if is_artifact(path) else None
     backend = cfg.backend or (artifact.target if artifact is not None else "llamacpp")
-    # the reference: a backend on the same model, or another artifact directory (e.g. the unquantized one)
+    # the reference: a backend on the same model, or an artifact directory of the same model in another form
+    # (e.g. unquantized, or converted from another quantization of it: same tokenizer, same vocabulary)
+    gguf = artifact.metadata if artifact is not None else open_gguf(path)
     ref_path, ref_backend = path, cfg.reference
     if is_artifact(cfg.reference):
         ref_art = open_artifact(cfg.reference)
         ref_path, ref_backend = ref_art.path, ref_art.target
-        if artifact is None or ref_art.source.get("sha256") != artifact.source.get("sha256"):
-            raise EdgeError(f"{cfg.reference} was not converted from the same model as {model}")
+        key = "tokenizer.ggml.tokens"
+        if ref_art.metadata.metadata.get(key) != gguf.metadata.get(key):
+            raise EdgeError(
+                f"{cfg.reference} has another tokenizer than {model}: not the same model",
+                hint="convert the reference from the same model (any quantization of it)",
+            )
     require_backend(ref_backend)
     require_backend(backend)
-    gguf = artifact.metadata if artifact is not None else open_gguf(path)
     ids = text_ids(load_tokenizer(gguf.metadata), read_text(cfg.text), cfg.tokens)
     window = min(len(ids), cfg.max_ctx, _context_length(gguf.metadata) or cfg.max_ctx)
     opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads)

@@ -433,7 +433,8 @@ def _emit_nodes(
     if w.bias is None:
         return nodes, main
     # the block-bias term (see models/weights.py): sum of x over each block times that block's bias
-    shape = _init(model, f"{p}.block_shape", np.array([0, 0, kb, bs], np.int64))
+    rank = len(x.shape) if x.shape is not None else 3  # decoder activations are [batch, seq, k]
+    shape = _init(model, f"{p}.block_shape", np.array([0] * (rank - 1) + [kb, bs], np.int64))
     axis = _init(model, f"{p}.last_axis", np.array([-1], np.int64))
     bias_t = _init(model, f"{p}.bias_t", np.ascontiguousarray(w.bias.T.astype(_F32)))
     blocks = x if kb * bs == w.k else None

@@ -134,22 +134,22 @@ def test_each_fusion_is_exact_on_smollm2(smollm2: Path) -> None:
 
 
 def test_quantization_quality_against_the_unquantized_graph(smollm2: Path, tmp_path: Path) -> None:
-    """INT8 per-channel: KL <= 0.005. INT4 g32 asym re-quantized from the Q4_1 blocks, with the sensitivity
-    policy given a 0.04 nats budget: KL <= 0.05. Teacher-forced over 256 tokens of the eval text, exact
-    activations (accuracy level 0) on both sides.
-    NOTE: re-quantizing 4-bit blocks onto another 4-bit grid costs about what the first quantization did
-    (measured: all-INT4 KL 0.14 with GPTQ, 0.17 round-to-nearest), so the budget keeps ~18 of 30 layers at INT8;
-    top-1 agreement stays ~81% (INT8 everywhere: ~93%), below the issue's 95%."""
+    """Issue 5 on re-quantized smollm2: INT8 per-channel KL <= 0.005; INT4 g32 asym, with the sensitivity
+    policy given a 0.04 nats budget, KL <= 0.05 and top-1 >= 95%. Teacher-forced over 256 tokens of the eval
+    text, exact activations (accuracy level 0) on both sides.
+    NOTE: the source's Q4_1 blocks are 4-bit g32 scale + min blocks, the format INT4 asym writes: the fit
+    finds each block's grid again, so INT4 costs next to nothing here (the head, at INT8 per channel, most of
+    it). What INT4 costs on float weights is measured in tests/graph_opt/test_quant_quality.py."""
     from edge.evaluate import EvalConfig, evaluate
 
     keep = tmp_path / "keep"
     convert(smollm2, keep, ConvertOptions(accuracy_level=0), source_name="smollm2-135m")
-    for name, spec, kl_max in (
-        ("int8", QuantSpec("int8"), 0.005),
-        ("int4", QuantSpec("int4", kl_budget=0.04), 0.05),
+    for name, spec, kl_max, top1_min in (
+        ("int8", QuantSpec("int8"), 0.005, 0.0),
+        ("int4", QuantSpec("int4", kl_budget=0.04), 0.05, 0.95),
     ):
         out = tmp_path / name
         res = convert(smollm2, out, ConvertOptions(quant=spec, accuracy_level=0), source_name="smollm2-135m")
         m = evaluate(str(out), EvalConfig(reference=str(keep), tokens=256, threads=2)).metrics
         print(f"smollm2 {name}: KL {m.kl_mean:.4f} top-1 {m.top1_agree:.3f} {res.quant.to_dict()['linears']}")
-        assert m.kl_mean <= kl_max
+        assert m.kl_mean <= kl_max and m.top1_agree >= top1_min

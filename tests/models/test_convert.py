@@ -166,6 +166,22 @@ def test_int4_of_an_f32_tiny_model_meets_the_quality_bounds(models: Path, tmp_pa
         assert m.kl_mean <= kl_max and m.top1_agree >= top1_min
 
 
+def test_eval_refuses_a_reference_with_another_tokenizer(models: Path, tmp_path: Path) -> None:
+    """--reference DIR takes any artifact of the same model (any quantization, converted from any file of it);
+    one with another vocabulary is refused before anything runs."""
+    from dataclasses import replace
+
+    from edge.evaluate import EvalConfig, evaluate
+    from tests.graph_opt.graphs import SPECS
+    from tests.tiny_models import write_tiny_model
+
+    other = write_tiny_model(tmp_path / "other.gguf", replace(SPECS["llama"], n_vocab=300))
+    ref = convert(other, tmp_path / "other", ConvertOptions(accuracy_level=0)).path
+    with pytest.raises(EdgeError, match="another tokenizer") as err:
+        evaluate(str(models / "llama.gguf"), EvalConfig(backend="ort", reference=str(ref), tokens=16))
+    assert err.value.hint and "same model" in err.value.hint
+
+
 def _edge(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "edge.cli", *args], capture_output=True, text=True, env=env, timeout=600
