@@ -335,6 +335,23 @@ def _per_channel_as_blocks(w: BlockWeight) -> BlockWeight:
     return replace(w, block_size=bs, scales=np.repeat(w.scales, kb, axis=1), zero_points=zps, bias=bias)
 
 
+def _float_zero_points(w: BlockWeight, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, scales, float zero points) with (code - zp) * scale == (code - z) * s + bias: zp = z - bias / s.
+    A block with scale 0 (all its weights equal the bias) becomes codes 1, zero point 0, scale = bias."""
+    kb, bs = w.k_blocks, w.block_size
+    zero = w.scales == 0
+    z = w.integer_zero_points().astype(_F32)
+    bias = w.bias if w.bias is not None else np.zeros_like(w.scales)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fzp = np.where(zero, _F32(0), z - bias / np.where(zero, _F32(1), w.scales)).astype(_F32)
+    scales = np.where(zero, bias, w.scales).astype(_F32)
+    if zero.any():
+        blocks = codes.reshape(w.n, kb, bs).copy()
+        blocks[zero] = 1
+        codes = blocks.reshape(w.n, kb * bs)
+    return codes, scales, fzp
+
+
 def _emit_nodes(
     model: ir.Model, lin: Linear, weight: BlockWeight | np.ndarray, lowering: str, accuracy_level: int
 ) -> tuple[list[ir.Node], ir.Value]:
@@ -351,7 +368,7 @@ def _emit_nodes(
         return nodes, nodes[-1].outputs[0]
     w = weight
     if (
-        lowering in ("nbits", "nibbles")
+        lowering in ("nbits", "nibbles", "nbits_fzp")
         and w.k_blocks == 1
         and (w.block_size < 16 or w.block_size & (w.block_size - 1))
     ):
@@ -385,14 +402,21 @@ def _emit_nodes(
                 )
             )
         nodes += [*halves, ir.Node("", "Add", [halves[0].outputs[0], halves[1].outputs[0]])]
-    elif lowering == "nbits":
+    elif lowering in ("nbits", "nbits_fzp"):
+        scales, zps = (
+            w.scales.astype(_F32),
+            None if w.zero_points is None else pack_codes(w.zero_points, w.bits),
+        )
+        if lowering == "nbits_fzp" and w.bias is not None:
+            codes, scales, zps = _float_zero_points(w, codes)
+            w = replace(w, bias=None)  # folded into the zero points
         inputs = [
             x,
             _init(model, f"{p}.B", pack_codes(codes, w.bits).reshape(w.n, kb, bs * w.bits // 8)),
-            _init(model, f"{p}.scales", w.scales.astype(_F32)),
+            _init(model, f"{p}.scales", scales),
         ]
-        if w.zero_points is not None:
-            inputs.append(_init(model, f"{p}.zero_points", pack_codes(w.zero_points, w.bits)))
+        if zps is not None:
+            inputs.append(_init(model, f"{p}.zero_points", zps))
         attrs = {"K": w.k, "N": w.n, "bits": w.bits, "block_size": bs}
         if accuracy_level:
             attrs["accuracy_level"] = accuracy_level

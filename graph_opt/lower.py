@@ -3,8 +3,9 @@
 ort       linears as com.microsoft.MatMulNBits (+ the block-bias term for min-offset formats), 8-bit ones
           with fp32 activations as two 4-bit halves (`int8_nibbles`); the fusion passes before this one
           emit ORT contrib ops (SkipSimplifiedLayerNormalization, RotaryEmbedding)
-openvino  the same MatMulNBits form (OpenVINO keeps it compressed: FullyConnected on u4/u8 weights);
-          fusions emit standard ONNX opset-23 ops (RMSNormalization, RotaryEmbedding, Attention)
+openvino  the same MatMulNBits form (OpenVINO keeps it compressed: FullyConnected on u4/u8 weights), a
+          block bias folded into float zero points (`float_zero_points`); fusions emit standard ONNX opset-23
+          ops (RMSNormalization, RotaryEmbedding, Attention)
 coreml    standard ONNX only: linears as DequantizeLinear (int4/uint4/int8/uint8, blocked) -> MatMul,
           no com.microsoft op anywhere (the op subset coremltools' MIL converter maps)
 """
@@ -17,7 +18,7 @@ from edge.errors import ModelFormatError
 from graph_opt.linear import BlockWeight, emit_linear, find_linears
 from graph_opt.manager import PassContext, graph_pass
 
-__all__ = ["int8_nibbles", "lower", "lowering_for"]
+__all__ = ["float_zero_points", "int8_nibbles", "lower", "lowering_for"]
 
 
 def lowering_for(target: str) -> str:
@@ -82,6 +83,21 @@ def int8_nibbles(model: ir.Model, ctx: PassContext) -> int:
         w = lin.weight
         if lin.form == "nbits" and isinstance(w, BlockWeight) and w.bits == 8 and lin.accuracy_level == 0:
             emit_linear(model, lin, lowering="nibbles", accuracy_level=0)
+            changed += 1
+    return changed
+
+
+@graph_pass("float_zero_points", targets=("openvino",))
+def float_zero_points(model: ir.Model, ctx: PassContext) -> int:
+    """A MatMulNBits followed by its block-bias term (Reshape, ReduceSum, MatMul, Add: min-offset formats
+    such as GGUF Q4_1 / Q4_K and edge's asymmetric INT4 / INT8) -> the MatMulNBits alone, the bias folded
+    into float zero points (zp = z - bias / scale). OpenVINO decompresses those inside its FullyConnected;
+    ORT runs 4-bit float zero points only on a slow path and refuses 8-bit ones, so this is OpenVINO's."""
+    changed = 0
+    for lin in find_linears(model):
+        w = lin.weight
+        if lin.form == "nbits" and isinstance(w, BlockWeight) and w.bias is not None and len(lin.nodes) > 1:
+            emit_linear(model, lin, lowering="nbits_fzp")
             changed += 1
     return changed
 

@@ -24,7 +24,7 @@ FUSIONS = {
 }
 # Passes that make a graph's weights run well on a target, whatever else is done to it (every graph built for
 # the target gets them, fused or not)
-LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": [], "coreml": []}
+LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": ["float_zero_points"], "coreml": []}
 PIPELINES = {
     t: ["fold", *f, "quantize", "lower", *LOWERINGS[t], "specialize", "fold"] for t, f in FUSIONS.items()
 }

@@ -20,6 +20,7 @@ from tests.graph_opt.graphs import (
     feeds_for,
     max_abs_diff,
     ops,
+    run_openvino,
     run_ort,
     tiny_config,
     tiny_graph,
@@ -217,6 +218,38 @@ def test_int8_nibbles_keeps_outputs_and_leaves_int8_activations_alone(tmp_path: 
     ov = to_ir(proto)
     (skipped,) = run_passes(ov, ["int8_nibbles"], PassContext("openvino"))
     assert not skipped.applied and ops(ov) == ops(proto)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q5_1])
+def test_float_zero_points_fold_the_block_bias_for_openvino(tmp_path: Path, qtype: T) -> None:
+    """Min-offset blocks (Q4_1, Q5_1 as 8-bit; Q4_K and edge's asymmetric INT4 / INT8 are the same form) lose their
+    block-bias nodes on OpenVINO: one MatMulNBits each with float zero points, the same outputs on OpenVINO
+    (fp32); ORT keeps the bias term (its float-zero-point kernels are slow or absent)."""
+    path = write_tiny_model(tmp_path / "m.gguf", replace(SPECS["llama"], weight_type=qtype))
+    cfg = tiny_config(path)
+    proto = tiny_graph(path)
+    feeds = feeds_for(proto, cfg)
+    want = run_openvino(proto, feeds, tmp_path)
+    model = to_ir(proto)
+    with_bias = [
+        lin
+        for lin in graph_opt.find_linears(model)
+        if isinstance(lin.weight, BlockWeight) and lin.weight.bias is not None
+    ]
+    assert with_bias and ops(model)["ReduceSum"] >= len(with_bias)
+    (rec,) = run_passes(model, ["float_zero_points"], PassContext("openvino"))
+    assert rec.rewrites == len(with_bias)
+    assert ops(model).get("ReduceSum", 0) == 0 and ops(model)["MatMulNBits"] == len(
+        graph_opt.find_linears(model)
+    )
+    got = run_openvino(model, feeds, tmp_path)
+    scale = max(float(np.abs(v).max()) for v in want.values())
+    assert max_abs_diff(want, got) < 1e-5 * scale
+    (again,) = run_passes(model, ["float_zero_points"], PassContext("openvino"))
+    assert again.rewrites == 0  # already folded
+    ort_model = to_ir(proto)
+    (skipped,) = run_passes(ort_model, ["float_zero_points"], PassContext("ort"))
+    assert not skipped.applied and ops(ort_model) == ops(proto)
 
 
 def test_nibbles_lowering_of_a_per_channel_int8_weight() -> None:
