@@ -9,7 +9,8 @@ grid). So a llama / qwen2 catalog model is written as an F32 GGUF with its resid
   Q8_0, as edge's policy keeps them), Q4_K_M, then imported as they are.
 Every variant runs on ONNX Runtime with fp32 activations (the weights' cost alone, not llama.cpp's activation
 rounding) and is scored against the F32 graph by teacher forcing over the eval text (`edge eval` with an
-artifact as reference): mean KL, top-1 agreement, perplexity. Size: the artifact's weight files.
+artifact as reference): mean KL, top-1 agreement, perplexity. Size (MiB): llama.cpp's GGUF file, edge's
+artifact (graph, weights, embedding table).
 
     python benchmarks/quant_quality.py [--model smollm2-135m] [--tokens 512] [--json FILE]
 """
@@ -64,6 +65,7 @@ def main() -> None:
     exact = ConvertOptions(target="ort", accuracy_level=0)
     ref = convert(f32, work / "f32", exact, source_name=f"{args.model}-rotated-f32").path
     variants: list[tuple[str, str, Path, float]] = []
+    sizes: dict[Path, float] = {}  # MiB as shipped: llama.cpp's GGUF, edge's artifact
     for ftype, q8 in LLAMACPP:
         t0 = time.perf_counter()
         tag = ftype + ("-q8" if q8 else "")
@@ -71,6 +73,7 @@ def main() -> None:
         art = convert(gguf_q, work / f"llamacpp-{tag}", exact, source_name=tag).path
         name = ftype + (" (embd, head Q8_0)" if q8 else "")
         variants.append(("llama.cpp", name, art, time.perf_counter() - t0))
+        sizes[art] = gguf_q.stat().st_size / 2**20  # the GGUF (imported, 5-bit types widen to 8-bit)
     for name, spec in EDGE.items():
         t0 = time.perf_counter()
         opts = ConvertOptions(target="ort", accuracy_level=0, quant=spec)
@@ -92,7 +95,7 @@ def main() -> None:
         row = {
             "quantizer": who,
             "variant": name,
-            "mib": round(weight_mib(art), 1),
+            "mib": round(sizes.get(art) or weight_mib(art), 1),
             "kl_mean": m.kl_mean,
             "top1": m.top1_agree,
             "ppl": m.ppl,
