@@ -88,9 +88,9 @@ def _fit_blocks(w: np.ndarray, levels: int, symmetric: bool) -> tuple[np.ndarray
 
     Symmetric: offset = -mid * scale (codes centred on mid = 2^(bits-1)). Asymmetric: a float offset (the
     block's minimum, as GGUF's Q4_1 / Q4_K store it), so no zero-point rounding shifts the whole block.
-    Candidates per block: the min/max grid, that range shrunk (clipping outliers), and grids whose span is
-    fewer than `levels` steps (a block already on a coarser grid, e.g. a Q4_K sub-block that never used code
-    15, is recovered exactly); each is refitted by least squares (scale and offset jointly for asymmetric,
+    Candidates per block: the min/max grid, that range shrunk (clipping outliers), and at 4 bits grids whose
+    range spans 12..14 steps (a block already on such a grid, e.g. a Q4_K sub-block whose codes span 12, is
+    recovered exactly); each is refitted by least squares (scale and offset jointly for asymmetric,
     twice: refit, re-round, refit) and the one with the least squared error kept."""
     wmin, wmax = w.min(-1), w.max(-1)
     mid = (levels + 1) // 2

@@ -81,6 +81,20 @@ def test_int4_per_group(group: int, symmetric: bool) -> None:
     assert err < 0.11
 
 
+@pytest.mark.parametrize("span", [15, 13, 12])
+def test_int4_finds_a_4bit_grid_again(span: int) -> None:
+    """Weights already on a 4-bit g32 grid (scale + min per block, as Q4_1 / Q4_K blocks decode) come back
+    exactly, also when a block's codes span only 12..15 of the 16 levels; the integer-zero-point form could
+    not (its offset is a whole number of steps)."""
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, span + 1, (48, 8, 32))
+    codes[:, :, 0], codes[:, :, 1] = 0, span  # each block spans exactly `span` steps
+    scale = rng.uniform(0.01, 0.1, (48, 8, 1))
+    w = (codes * scale + rng.uniform(-1, 0, (48, 8, 1))).reshape(48, 256).astype(np.float32)
+    q = graph_opt.quantize_int4(w, 32)
+    assert np.abs(q.dequantize() - w).max() < 1e-5 * np.abs(w).max()
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_int8_per_channel(symmetric: bool) -> None:
     w = (
