@@ -53,10 +53,11 @@ def add_parser(sub: Any) -> None:
 def explain_lines(manifest: dict[str, Any]) -> list[str]:
     """The pass table of a manifest: what each pass matches and what it changed, summed over partitions."""
     mib = 1 << 20
-    lines = [f"{'pass':<13} {'rewrites':>8}  {'nodes':>13}  {'weights MiB':>15}  changes / what it matches"]
+    w = max([13, *(len(p["name"]) for p in manifest["passes"])])  # the name column fits the longest name
+    lines = [f"{'pass':<{w}} {'rewrites':>8}  {'nodes':>13}  {'weights MiB':>15}  changes / what it matches"]
     for p in manifest["passes"]:
         if not p["applied"]:
-            lines.append(f"{p['name']:<13} {'-':>8}  {'':>13}  {'':>15}  not for {manifest['target']}")
+            lines.append(f"{p['name']:<{w}} {'-':>8}  {'':>13}  {'':>15}  not for {manifest['target']}")
             continue
         (nb, na), (wb, wa) = p["nodes"], p["weight_bytes"]
         changes = ", ".join(
@@ -64,10 +65,10 @@ def explain_lines(manifest: dict[str, Any]) -> list[str]:
             + [f"+{n} {op}" for op, n in p["ops_added"].items()]
         )
         lines.append(
-            f"{p['name']:<13} {p['rewrites']:>8}  {nb:>6}->{na:<6}  {wb / mib:>7.1f}->{wa / mib:<7.1f}  "
+            f"{p['name']:<{w}} {p['rewrites']:>8}  {nb:>6}->{na:<6}  {wb / mib:>7.1f}->{wa / mib:<7.1f}  "
             + (changes or "-")
         )
-        lines.append(f"{'':<13} {'':>8}  {'':>13}  {'':>15}  {p['doc']}")
+        lines.append(f"{'':<{w}} {'':>8}  {'':>13}  {'':>15}  {p['doc']}")
     q = manifest["quant"]
     lines.append(
         f"quant: {q['mode']}"
