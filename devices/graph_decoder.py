@@ -26,7 +26,7 @@ from models.onnx_safety import check_onnx_file
 from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder
 
-GRAPH_FORMAT = 8  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 9  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)

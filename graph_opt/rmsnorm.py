@@ -13,6 +13,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from graph_opt._rules import apply_rules, const_array, ensure_opset, scalar
+from graph_opt.linear import find_linears
 from graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["rmsnorm", "skip_rmsnorm"]
@@ -46,8 +47,9 @@ class _RmsNorm(pattern.RewriteRuleClassBase):
 
 
 class _SkipRmsNorm(pattern.RewriteRuleClassBase):
-    def __init__(self) -> None:
+    def __init__(self, linear_nodes: frozenset[int] = frozenset()) -> None:
         super().__init__("SkipRmsNorm")
+        self.linear_nodes = linear_nodes  # ids of nodes that belong to a linear layer
 
     def pattern(self, op, a, b, w):  # type: ignore[no-untyped-def]
         total = op.Add(a, b, _outputs=["total"])
@@ -59,7 +61,12 @@ class _SkipRmsNorm(pattern.RewriteRuleClassBase):
         # NOTE: the kernel needs input and skip of one shape [B, S, D]: a broadcast bias add is not a residual.
         if const_array(a) is not None or const_array(b) is not None:
             return result.fail("a constant operand: a bias add, not a residual add")
+        # NOTE: a min-offset linear (Q4_1 / Q4_K, asymmetric INT4) ends in the Add of its block-bias term; where
+        # a norm follows the linear directly (gemma3's post-attention norm), taking that Add for a residual add
+        # hides the bias from the linear's recognition, and re-quantizing then adds the bias twice.
         node = normed.producer()
+        if id(node.inputs[0].producer()) in self.linear_nodes:
+            return result.fail("the Add is a linear's block-bias term, not a residual add")
         axis = node.attributes.get("axis")
         if axis is not None and axis.as_int() != -1:
             return result.fail("normalization not over the last axis")
@@ -86,4 +93,5 @@ def rmsnorm(model: ir.Model, ctx: PassContext) -> int:
 def skip_rmsnorm(model: ir.Model, ctx: PassContext) -> int:
     """Add(residual, branch) feeding an RMSNorm -> SkipSimplifiedLayerNormalization returning the norm and the
     sum (ORT contrib op): one kernel instead of two per norm."""
-    return apply_rules(model, [_SkipRmsNorm.rule()], commute=True)
+    linear_nodes = frozenset(id(n) for lin in find_linears(model) for n in lin.nodes)
+    return apply_rules(model, [_SkipRmsNorm.rule(linear_nodes)], commute=True)

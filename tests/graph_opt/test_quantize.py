@@ -183,6 +183,26 @@ def test_quantize_pass(tmp_path: Path, arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_weights_land_on_fused_graphs(tmp_path: Path, arch: str) -> None:
+    """Weights quantized on the whole unfused model and applied to the fused graph by name (what `edge
+    convert` does) give the unfused graph's outputs. Regression: gemma3 puts an RMSNorm right after
+    attn_output, and skip_rmsnorm took a min-offset linear's block-bias Add for a residual add, so the
+    linear was found without its bias and the quantized weight (bias included) added it twice."""
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", replace(SPECS[arch], weight_type=T.Q4_1))
+    cfg = tiny_config(path)
+    proto = tiny_graph(path)
+    feeds = feeds_for(proto, cfg)
+    report = graph_opt.plan_quantization(to_ir(proto), QuantSpec("int8"))
+    outs = []
+    for fuse in (False, True):
+        model = to_ir(proto)
+        graph_opt.optimize(model, "ort", quant_report=report, fuse=fuse)
+        outs.append(run_ort(model, feeds))
+    scale = max(float(np.abs(v).max()) for v in outs[0].values())
+    assert max_abs_diff(outs[0], outs[1]) < 1e-4 * scale
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_coreml_lowering_is_standard_onnx(tmp_path: Path, arch: str) -> None:
     """coreml: DequantizeLinear + MatMul for every quantized linear, no com.microsoft op, onnx.checker passes,
     and the same outputs as the MatMulNBits lowering of the same weights."""
