@@ -335,21 +335,30 @@ def _per_channel_as_blocks(w: BlockWeight) -> BlockWeight:
     return replace(w, block_size=bs, scales=np.repeat(w.scales, kb, axis=1), zero_points=zps, bias=bias)
 
 
-def _float_zero_points(w: BlockWeight, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(codes, scales, float zero points) with (code - zp) * scale == (code - z) * s + bias: zp = z - bias / s.
-    A block with scale 0 (all its weights equal the bias) becomes codes 1, zero point 0, scale = bias."""
-    kb, bs = w.k_blocks, w.block_size
-    zero = w.scales == 0
-    z = w.integer_zero_points().astype(_F32)
-    bias = w.bias if w.bias is not None else np.zeros_like(w.scales)
+def float_zero_point_form(
+    scales: np.ndarray, zero_points: np.ndarray, bias: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scales, float zero points) [n, k_blocks] with (code - zp) * scale == (code - z) * s + bias, i.e.
+    zp = z - bias / s. A block with scale 0 (every weight equals its bias) gets scale := bias, zp := z: exact
+    when its codes are z + 1 (the caller's part; models/weights.py normalizes them so at import)."""
+    z = zero_points.astype(_F32)
+    zero = scales == 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        fzp = np.where(zero, _F32(0), z - bias / np.where(zero, _F32(1), w.scales)).astype(_F32)
-    scales = np.where(zero, bias, w.scales).astype(_F32)
+        fzp = np.where(zero, z, z - bias / np.where(zero, _F32(1), scales)).astype(_F32)
+    return np.where(zero, bias, scales).astype(_F32), fzp
+
+
+def _float_zero_points(w: BlockWeight, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`float_zero_point_form` of a weight with a block bias, as (codes, scales, zero points); its scale-0
+    blocks get zero point 0 and codes 1."""
+    assert w.bias is not None
+    zero = w.scales == 0
+    z = np.where(zero, 0, w.integer_zero_points())
     if zero.any():
-        blocks = codes.reshape(w.n, kb, bs).copy()
+        blocks = codes.reshape(w.n, w.k_blocks, w.block_size).copy()
         blocks[zero] = 1
-        codes = blocks.reshape(w.n, kb * bs)
-    return codes, scales, fzp
+        codes = blocks.reshape(w.n, -1)
+    return (codes, *float_zero_point_form(w.scales, z, w.bias))
 
 
 def _emit_nodes(

@@ -55,7 +55,11 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge.errors import ModelFormatError
-from graph_opt.linear import pack_codes, unpack_codes  # MatMulNBits' packing, one implementation
+from graph_opt.linear import (  # MatMulNBits' packing and float zero points, one implementation
+    float_zero_point_form,
+    pack_codes,
+    unpack_codes,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -143,13 +147,9 @@ class NBitsWeight:
         zp = zero_point - bias / scale; a block with scale 0 has codes zero_point + 1 (see the class
         docstring), so scale := bias, zp := zero_point gives it exactly.
         """
-        zp = self.integer_zero_points().astype(_F32)
         if self.bias is None:
-            return self.scales, zp
-        zero = self.scales == 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fzp = np.where(zero, zp, zp - self.bias / np.where(zero, _F32(1), self.scales)).astype(_F32)
-        return np.where(zero, self.bias, self.scales).astype(_F32), fzp
+            return self.scales, self.integer_zero_points().astype(_F32)
+        return float_zero_point_form(self.scales, self.integer_zero_points(), self.bias)
 
     def matmul_nbits_attributes(self, accuracy_level: int = 0) -> dict[str, int]:
         attrs = {"K": self.k, "N": self.n, "bits": self.bits, "block_size": self.block_size}

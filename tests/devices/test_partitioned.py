@@ -145,11 +145,13 @@ def test_quantization_quality_against_the_unquantized_graph(smollm2: Path, tmp_p
     keep = tmp_path / "keep"
     convert(smollm2, keep, ConvertOptions(accuracy_level=0), source_name="smollm2-135m")
     for name, spec, kl_max, top1_min in (
-        ("int8", QuantSpec("int8"), 0.005, 0.0),
+        ("int8", QuantSpec("int8"), 0.005, None),  # the issue bounds INT8 by KL alone
         ("int4", QuantSpec("int4", kl_budget=0.04), 0.05, 0.95),
     ):
         out = tmp_path / name
         res = convert(smollm2, out, ConvertOptions(quant=spec, accuracy_level=0), source_name="smollm2-135m")
         m = evaluate(str(out), EvalConfig(reference=str(keep), tokens=256, threads=2)).metrics
         print(f"smollm2 {name}: KL {m.kl_mean:.4f} top-1 {m.top1_agree:.3f} {res.quant.to_dict()['linears']}")
-        assert m.kl_mean <= kl_max and m.top1_agree >= top1_min
+        assert m.kl_mean <= kl_max
+        if top1_min is not None:
+            assert m.top1_agree >= top1_min
