@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from devices.registry import check_precision
 from devices.ring_decoder import RingDecoder
 from devices.runners import RUNNERS, Runner, RunnerOptions
 from edge.errors import DeviceError, ModelFormatError
@@ -39,21 +40,23 @@ class GraphOptions:
     prefill_chunk: int = 256
     max_rollback: int = 16
     threads: int | None = None
-    exact: bool = True  # fp32 everywhere; False lets backends use bf16 / int8 activations
+    # exact: fp32 math on the file's own blocks; fast: int8 activations where the runtime has an int8 path
+    # (ORT MatMulNBits accuracy level 4, OpenVINO's dynamic quantization), the weights imported the same way
+    precision: str = "exact"
     lowering: str = "nbits_split"
-    accuracy_level: int = 0
-    head_accuracy_level: int | None = None
+    accuracy_level: int | None = None  # MatMulNBits level; None: from precision (exact 0, fast 4)
+    head_accuracy_level: int | None = None  # the lm_head's; None: accuracy_level
     static_shapes: bool = False  # bind every KV slot each step (what static-shape devices need)
     fuse: bool = (
         True  # graph_opt's fusion passes for the backend (graph_opt/pipeline.py), weights as imported
     )
 
 
-def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None = None, fuse: bool = True) -> Path:
+def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None, fuse: bool, precision: str) -> Path:
     st = gguf.path.stat()
     key = json.dumps(
         [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, asdict(build)]
-        + ([f"target:{target}", f"fuse:{fuse}"] if target else []),
+        + ([f"target:{target}", f"fuse:{fuse}", f"precision:{precision}"] if target else []),
         sort_keys=True,
     )
     return cache_dir() / "graphs" / hashlib.sha256(key.encode()).hexdigest()[:20]
@@ -79,14 +82,20 @@ def _entry_is_whole(folder: Path) -> bool:
 
 
 def ensure_graph(
-    gguf: GGUFFile, cfg: ArchConfig, build: BuildOptions, target: str | None = None, *, fuse: bool = True
+    gguf: GGUFFile,
+    cfg: ArchConfig,
+    build: BuildOptions,
+    target: str | None = None,
+    *,
+    fuse: bool = True,
+    precision: str = "exact",
 ) -> Path:
     """Path of the cached ONNX graph for (file, options); built and written atomically when missing or
     damaged (the build goes to a temporary folder renamed into place, so a killed build leaves no entry).
     With a target: graph_opt's fusions for it (fuse) and its weight lowerings (always, see LOWERINGS)."""
     import onnx
 
-    final = _graph_dir(gguf, build, target, fuse)
+    final = _graph_dir(gguf, build, target, fuse, precision)
     model_path = final / "model.onnx"
     if _entry_is_whole(final):
         return model_path
@@ -97,7 +106,7 @@ def ensure_graph(
         if target is not None:
             from graph_opt import target_proto
 
-            model = target_proto(model, target, fuse=fuse)
+            model = target_proto(model, target, fuse=fuse, precision=precision)
         onnx.save_model(
             model,
             tmp / "model.onnx",
@@ -137,13 +146,17 @@ class GraphDecoder(RingDecoder):
             prefill_chunk=opts.prefill_chunk,
             bind_all=opts.static_shapes,
         )
+        check_precision(opts.precision)
+        level = opts.accuracy_level
+        if level is None:
+            level = 0 if opts.precision == "exact" else 4
         build = BuildOptions(
             lowering=opts.lowering,
-            accuracy_level=opts.accuracy_level,
+            accuracy_level=level,
             head_accuracy_level=opts.head_accuracy_level,
         )
-        model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse)
-        runner_opts = RunnerOptions(opts.device, opts.threads, opts.exact, model_path.parent)
+        model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
+        runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent)
         self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]

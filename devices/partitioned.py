@@ -48,7 +48,7 @@ class PartitionedOptions:
     prefill_chunk: int = 256  # dynamic graphs; static graphs use their prefill width
     max_rollback: int = 16
     threads: int | None = None
-    exact: bool = True
+    precision: str = "exact"  # the runners' (an artifact's weight forms are fixed when it is converted)
 
 
 @dataclass
@@ -118,7 +118,7 @@ class PartitionedDecoder(RingDecoder):
                     for k in (0, 1):
                         if f"mask_{k}" in shapes:
                             static_cap[k] = int(shapes[f"mask_{k}"][3]) - int(shapes["hidden"][1])
-                ropts = RunnerOptions(p.device, opts.threads, opts.exact, _compile_cache(path))
+                ropts = RunnerOptions(p.device, opts.threads, opts.precision, _compile_cache(path))
                 runners[variant] = RUNNERS[p.backend](path, ropts)
             outs = ["logits" if p.head else "hidden_out"]
             outs += [f"new_{n}_{i}" for i in p.layers for n in ("key", "value")]

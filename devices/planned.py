@@ -36,7 +36,7 @@ from models.store import cache_dir
 
 __all__ = ["PlannedOptions", "open_planned_decoder", "plan_artifact"]
 
-PLAN_FORMAT = 2  # bump when what a plan artifact holds changes
+PLAN_FORMAT = 3  # bump when what a plan artifact holds changes
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class PlannedOptions:
     threads: int | None = None
     prefill_chunk: int = 64  # static (NPU) plans: the prefill graph's width
     static_capacity: int = 1024  # static plans: KV slots (the ring wraps beyond, keeping sinks)
+    precision: str = "fast"  # every partition's: fast | exact
 
 
 def _ranges(plan: Plan) -> str:
@@ -75,6 +76,7 @@ def plan_artifact(
     st = gguf_path.stat()
     key = json.dumps(
         [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns, PLAN_FORMAT, _ranges(plan), static]
+        + [options.precision]
         + ([options.prefill_chunk, capacity] if static else []),
     )
     out = cache_dir() / "plans" / hashlib.sha256(key.encode()).hexdigest()[:20]
@@ -92,11 +94,9 @@ def plan_artifact(
             static=static,
             prefill_chunk=options.prefill_chunk,
             capacity=capacity,
-            # int8 activations where ORT's 8-bit kernels are otherwise slow (the head and 8-bit weights):
-            # plans are lowered once for every backend (target openvino), so ORT partitions do not get the
-            # exact two-nibble form the whole-model ORT graph has; OpenVINO ignores the level
-            head_accuracy_level=4,
-            int8_accuracy_level=4,
+            # plans are lowered once for every backend (target openvino; OpenVINO ignores the accuracy
+            # levels): exact plans give ORT partitions fp32 activations, fast ones int8
+            precision=options.precision,
         )
         convert(gguf_path, art, opts, log=log)
         digests = {p.name: file_sha256(p) for p in art.iterdir() if p.is_file()}
@@ -130,7 +130,7 @@ def open_planned_decoder(
     path = plan_artifact(gguf_path, plan, opts, log)
     # an emulated NPU is OpenVINO's CPU device running the NPU-shaped (static) graphs
     where = [(p.device.backend, "cpu" if p.device.emulated else p.device.kind) for p in plan.partitions]
-    popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.threads)
+    popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.threads, precision=opts.precision)
     return open_artifact_decoder(path, where, options=popts)
 
 
@@ -174,7 +174,7 @@ def open_requested(
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
-    dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads)
+    dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision)
     artifact = is_artifact(path)
     if mode == "single" and not request.emulate:
         t = targets[0]
@@ -216,7 +216,9 @@ def open_requested(
             if dev is None or dev.backend == "llamacpp":
                 raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
             where.append((dev.backend, dev.kind))
-        popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads)
+        popts = PartitionedOptions(
+            capacity=options.n_ctx, threads=options.threads, precision=options.precision
+        )
         dec = open_artifact_decoder(path, where, options=popts)
         return dec, Placement(dec.backend, dec.device), None
 

@@ -12,13 +12,35 @@ from pathlib import Path
 from devices.base import Decoder
 from edge.errors import BackendUnavailableError
 
-__all__ = ["BACKENDS", "KNOWN_BACKENDS", "DecoderOptions", "open_decoder", "require_backend"]
+__all__ = [
+    "BACKENDS",
+    "KNOWN_BACKENDS",
+    "PRECISIONS",
+    "DecoderOptions",
+    "check_precision",
+    "open_decoder",
+    "require_backend",
+]
+
+# fast: a backend may quantize activations to int8 (ORT accuracy level 4, OpenVINO's dynamic quantization)
+# and keep lower-precision state, as llama.cpp does; exact: fp32 math on the file's own blocks
+PRECISIONS = ("fast", "exact")
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision must be fast or exact, not {precision!r}")
+    return precision
 
 
 @dataclass(frozen=True)
 class DecoderOptions:
     n_ctx: int = 4096
     n_threads: int | None = None  # None: the backend's default (physical cores)
+    precision: str = "fast"  # fast | exact (llama.cpp has one precision; it ignores this)
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
 
 
 BackendFactory = Callable[[Path, str, DecoderOptions], Decoder]
@@ -42,12 +64,15 @@ def _graph(backend: str) -> BackendFactory:
         if is_artifact(path):  # `edge convert` output: its partitions, all on this backend
             from devices.partitioned import PartitionedOptions, open_artifact_decoder
 
-            popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads)
+            popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
             return open_artifact_decoder(path, backend, device=device, options=popts)
-        # fp32-exact throughout, the lm_head included: ORT's 8-bit weights run as two 4-bit halves
-        # (graph_opt.int8_nibbles). An int8-activation head was 2x faster on qwen2.5-coder-0.5b (5 vs 11 ms
-        # per token) but left llama.cpp's greedy path on 8 of 10 prompts where the exact one left it on 4
-        graph = GraphOptions(backend=backend, device=device, capacity=opts.n_ctx, threads=opts.n_threads)
+        graph = GraphOptions(
+            backend=backend,
+            device=device,
+            capacity=opts.n_ctx,
+            threads=opts.n_threads,
+            precision=opts.precision,
+        )
         return GraphDecoder(open_gguf(path), graph)
 
     return factory

@@ -300,6 +300,7 @@ def load(
     n_threads: int | None = None,
     draft_device: str = "cpu",
     emulate: bool = False,
+    precision: str = "fast",
 ) -> Model:
     """Load a catalog model (pulled and checked on first use) or a local .gguf file.
 
@@ -308,7 +309,8 @@ def load(
     `edge.DeviceError` listing what exists, unless `fallback=True` (or a device kind, "cpu") — then
     `model.fallback` says what replaced what. `emulate=True` with device="npu" runs the NPU-shaped (static)
     graphs on the CPU. `backend`: llamacpp (default) | ort | openvino. `draft`: a draft model or "ngram" for
-    speculative decoding.
+    speculative decoding. `precision`: "fast" (int8 activations where a graph backend has them, as
+    llama.cpp computes) or "exact" (fp32 math on the file's own blocks).
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -321,6 +323,7 @@ def load(
         emulate=emulate,
         n_ctx=n_ctx,
         n_threads=n_threads,
+        precision=precision,
         draft=draft,
         draft_device=draft_device,
     )

@@ -60,6 +60,7 @@ class BenchConfig:
     # --plan: device plans measured beside the backends (e.g. "hetero:openvino:cpu,ort:cpu", "npu-emulated"),
     # each through the planner, with the time of each of its partitions
     plans: tuple[str, ...] = ()
+    precision: str = "fast"  # the graph backends' (llama.cpp has one)
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -101,6 +102,10 @@ class Sample:
     decode_tok_s: float
     peak_rss_mb: float
     rss_growth_mb: float
+    prefill_warm_tok_s: float = 0.0  # the same prompt again after reset: shapes already seen
+    # time of a forward of k tokens (all rows' logits, what a speculative verify needs) in one-token decode
+    # steps, for k in BATCH_SIZES
+    batch_cost: tuple[float, ...] = ()
     # per partition of a plan: (label, prefill ms, decode ms per token)
     partitions: tuple[tuple[str, float, float], ...] = ()
 
@@ -123,7 +128,8 @@ class BackendResult:
     load_cold_s: float
     load_s: Stat  # warm loads (the cold one when there is a single round)
     ttft_ms: Stat
-    prefill_tok_s: Stat
+    prefill_tok_s: Stat  # the first prompt after load
+    prefill_warm_tok_s: Stat
     decode_tok_s: Stat
     peak_rss_mb: Stat
     rss_growth_mb: Stat
@@ -136,6 +142,7 @@ class BackendResult:
             ("load_s", self.load_s, 4),
             ("ttft_ms", self.ttft_ms, 2),
             ("prefill_tok_s", self.prefill_tok_s, 2),
+            ("prefill_warm_tok_s", self.prefill_warm_tok_s, 2),
             ("decode_tok_s", self.decode_tok_s, 2),
             ("peak_rss_mb", self.peak_rss_mb, 1),
             ("rss_growth_mb", self.rss_growth_mb, 1),
@@ -145,12 +152,19 @@ class BackendResult:
             out[f"{name}_max"] = round(stat.max, digits)
         out["ratio_decode"] = round(self.decode_tok_s.median / against.decode_tok_s.median, 4)
         out["ratio_prefill"] = round(self.prefill_tok_s.median / against.prefill_tok_s.median, 4)
+        out["ratio_prefill_warm"] = round(
+            self.prefill_warm_tok_s.median / against.prefill_warm_tok_s.median, 4
+        )
+        out["batch_cost_steps"] = {
+            str(k): round(statistics.median(s.batch_cost[i] for s in self.samples), 3)
+            for i, k in enumerate(BATCH_SIZES)
+        }
         out["ratio_ttft"] = round(self.ttft_ms.median / against.ttft_ms.median, 4)
         out["decode_roofline_fraction"] = round(self.decode_tok_s.median / bound_tok_s, 4)
         out["samples"] = {
             k: [round(getattr(s, k), 4) for s in self.samples]
             for k in Sample.__dataclass_fields__
-            if k != "partitions"
+            if k not in ("partitions", "batch_cost")
         }
         if self.samples[0].partitions:
             out["partitions"] = [
@@ -252,8 +266,27 @@ def _open(entry: str, path: Path, cfg: BenchConfig) -> Decoder:
 
         emulate = entry == "npu-emulated"
         request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)
-        return open_requested(path, request, PlannedOptions(n_ctx=cfg.n_ctx, threads=cfg.threads))[0]
-    return open_decoder(entry, path, cfg.device, DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads))
+        popts = PlannedOptions(n_ctx=cfg.n_ctx, threads=cfg.threads, precision=cfg.precision)
+        return open_requested(path, request, popts)[0]
+    dopts = DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads, precision=cfg.precision)
+    return open_decoder(entry, path, cfg.device, dopts)
+
+
+BATCH_SIZES = (1, 2, 4, 8, 16)
+
+
+def _batch_costs(dec: Decoder, token: int, step_s: float, reps: int = 3) -> tuple[float, ...]:
+    """Median time of a k-token forward (then rolled back) over a one-token decode step, per k."""
+    costs = []
+    for k in BATCH_SIZES:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dec.forward([token] * k)
+            times.append(time.perf_counter() - t0)
+            dec.rollback(k)
+        costs.append(statistics.median(times) / step_s)
+    return tuple(costs)
 
 
 def _partition_times(dec: Decoder) -> list[float]:
@@ -281,6 +314,12 @@ def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sam
             t_decode = time.perf_counter() - t0
             rss.sample()
             p2 = _partition_times(dec)
+            batch = _batch_costs(dec, token, t_decode / cfg.gen_tokens)
+            dec.reset()
+            t0 = time.perf_counter()
+            dec.forward(prompt, last_only=True)
+            t_warm = time.perf_counter() - t0
+            rss.sample()
             labels = [
                 f"{p.layers.start}-{p.layers.stop - 1}{'+head' if p.head else ''} {p.backend}:{p.device}"
                 for p in getattr(dec, "partitions", [])
@@ -299,6 +338,8 @@ def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sam
         decode_tok_s=cfg.gen_tokens / t_decode,
         peak_rss_mb=rss.peak / mb,
         rss_growth_mb=(rss.peak - rss.baseline) / mb,
+        prefill_warm_tok_s=len(prompt) / t_warm,
+        batch_cost=batch,
         partitions=parts,
     )
 
@@ -384,6 +425,7 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
                 load_s=Stat.of(warm),
                 ttft_ms=Stat.of([s.ttft_ms for s in ss]),
                 prefill_tok_s=Stat.of([s.prefill_tok_s for s in ss]),
+                prefill_warm_tok_s=Stat.of([s.prefill_warm_tok_s for s in ss]),
                 decode_tok_s=Stat.of([s.decode_tok_s for s in ss]),
                 peak_rss_mb=Stat.of([s.peak_rss_mb for s in ss]),
                 rss_growth_mb=Stat.of([s.rss_growth_mb for s in ss]),

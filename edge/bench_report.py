@@ -10,7 +10,7 @@ from rich.table import Table
 
 from edge.errors import EdgeError
 
-__all__ = ["bench_table", "write_plot"]
+__all__ = ["batch_lines", "bench_table", "partition_lines", "write_plot"]
 
 
 def _num(v: float) -> str:
@@ -36,7 +36,14 @@ def bench_table(report: dict[str, Any]) -> Table:
         f"= {roof['bandwidth_gb_s']:.1f} GB/s / {roof['weight_bytes_per_token'] / 1e6:.1f} MB per token",
     )
     table.add_column("backend")
-    for col in ("load s\ncold/\nwarm", "TTFT\nms", "prefill\ntok/s", "decode\ntok/s", "% roof-\nline"):
+    for col in (
+        "load s\ncold/\nwarm",
+        "TTFT\nms",
+        "prefill\ntok/s",
+        "warm\nprefill",
+        "decode\ntok/s",
+        "% roof-\nline",
+    ):
         table.add_column(col, justify="right")
     for col in ("RSS MB\n+growth", "x pre-\nfill", "x de-\ncode"):
         table.add_column(col, justify="right")
@@ -46,6 +53,7 @@ def bench_table(report: dict[str, Any]) -> Table:
             f"{r['load_cold_s']:.3f}\n{r['load_s']:.3f}",
             _fmt(r, "ttft_ms"),
             _fmt(r, "prefill_tok_s"),
+            _fmt(r, "prefill_warm_tok_s"),
             _fmt(r, "decode_tok_s"),
             f"{100 * r['decode_roofline_fraction']:.0f}%",
             f"{r['peak_rss_mb']:.0f}\n+{r['rss_growth_mb']:.0f}",
@@ -53,6 +61,16 @@ def bench_table(report: dict[str, Any]) -> Table:
             f"{r['ratio_decode']:.2f}",
         )
     return table
+
+
+def batch_lines(report: dict[str, Any]) -> list[str]:
+    """What a forward of k tokens costs in one-token decode steps (a speculative verify's price)."""
+    return [
+        f"{r['backend']}: a forward of k tokens costs "
+        + ", ".join(f"k={k}: {v:.2f}" for k, v in r["batch_cost_steps"].items())
+        + " decode steps"
+        for r in report["results"]
+    ]
 
 
 def partition_lines(report: dict[str, Any]) -> list[str]:

@@ -78,6 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         emulate=args.emulate,
         n_ctx=args.ctx_size,
         n_threads=args.threads,
+        precision=args.precision,
         draft=args.draft,
         draft_device=args.draft_device,
         draft_k=args.draft_k,
@@ -177,6 +178,7 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             n_ctx=args.ctx_size,
             n_threads=args.threads,
+            precision=args.precision,
         )
     )
 
@@ -325,7 +327,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from edge.bench import BenchConfig, run_bench, total_steps
-    from edge.bench_report import bench_table, partition_lines, write_plot
+    from edge.bench_report import batch_lines, bench_table, partition_lines, write_plot
 
     cfg = BenchConfig(
         backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
@@ -339,6 +341,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft_device=args.draft_device,
         draft_k=args.draft_k,
         plans=tuple(args.plan or ()),
+        precision=args.precision,
     )
     err = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
@@ -358,7 +361,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench = run_bench(args.model, cfg, on_step=step)
     report = bench.to_dict()
     (err if args.json == "-" else Console()).print(bench_table(report))
-    for line in partition_lines(report):
+    for line in batch_lines(report) + partition_lines(report):
         (err if args.json == "-" else Console()).print(line, highlight=False)
     if bench.draft is not None:
         (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
@@ -387,6 +390,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         text=args.text,
         threads=args.threads,
         test_chunk=args.test_chunk,
+        precision=args.precision,
+        reference_precision=args.reference_precision,
     )
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
@@ -431,6 +436,17 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DEVICE",
         help="run on DEVICE (default cpu) if the asked-for one is absent (announced)",
+    )
+    _precision_arg(p)
+
+
+def _precision_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--precision",
+        choices=("fast", "exact"),
+        default="fast",
+        help="fast: int8 activations where a backend has them, as llama.cpp computes (default); "
+        "exact: fp32 math on the file's own blocks",
     )
 
 
@@ -516,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reports each partition's time",
     )
     ben.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
+    _precision_arg(ben)
     ben.add_argument("--prompt-tokens", type=int, default=128)
     ben.add_argument("--gen-tokens", type=int, default=128)
     ben.add_argument("--repeat", type=int, default=5, help="rounds, backends interleaved (default 5)")
@@ -540,6 +557,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a backend, or an artifact directory of the same model (any quantization: same tokenizer)",
     )
     ev.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
+    _precision_arg(ev)
+    ev.add_argument(
+        "--reference-precision",
+        choices=("fast", "exact"),
+        default="fast",
+        help="the reference backend's precision (default fast)",
+    )
     ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
     ev.add_argument("--threads", type=int, default=None)

@@ -42,8 +42,11 @@ def add_parser(sub: Any) -> None:
         "--accuracy-level",
         type=int,
         default=None,
-        help="MatMulNBits accuracy level: 0 fp32-exact, 4 int8 activations (default: ort 0, its 8-bit weights 4)",
+        help="MatMulNBits accuracy level: 0 fp32-exact, 4 int8 activations (default: from --precision)",
     )
+    from edge.cli import _precision_arg
+
+    _precision_arg(conv)
     conv.add_argument("-o", "--output", type=Path, default=None, help="artifact directory")
     conv.add_argument("--explain", action="store_true", help="list the passes and their effect")
     conv.add_argument("--json", action="store_true", help="print one JSON object (the manifest's summary)")
@@ -103,6 +106,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         capacity=args.capacity,
         accuracy_level=args.accuracy_level,
+        precision=args.precision,
     )
     if args.target == "coreml":
         from devices.coreml import check_available

@@ -7,14 +7,14 @@ Both decoders are teacher-forced over the same token ids in lockstep, a chunk at
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from devices.base import Decoder
-from devices.registry import DecoderOptions, open_decoder, require_backend
+from devices.registry import DecoderOptions, check_precision, open_decoder, require_backend
 from edge.data import read_text
 from edge.errors import EdgeError
 from edge.metrics import EvalMetrics, RowStats, compare_rows, summarize
@@ -40,8 +40,12 @@ class EvalConfig:
     test_chunk: int | None = None
     max_ctx: int = 2048  # longer texts run in windows of this many tokens, the KV reset between them
     threads: int | None = None
+    precision: str = "fast"  # the tested backend's
+    reference_precision: str = "fast"
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
+        check_precision(self.reference_precision)
         if self.tokens < 1:
             raise ValueError(f"--tokens must be >= 1 (got {self.tokens})")
         if self.chunk < 1 or self.max_ctx < 2:
@@ -115,10 +119,10 @@ def evaluate(
     require_backend(backend)
     ids = text_ids(load_tokenizer(gguf.metadata), read_text(cfg.text), cfg.tokens)
     window = min(len(ids), cfg.max_ctx, _context_length(gguf.metadata) or cfg.max_ctx)
-    opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads)
+    opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads, precision=cfg.reference_precision)
     ref = open_decoder(ref_backend, ref_path, cfg.device, opts)
     try:
-        test = open_decoder(backend, path, cfg.device, opts)
+        test = open_decoder(backend, path, cfg.device, replace(opts, precision=cfg.precision))
         try:
             rows = _teacher_force(ref, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk)
         finally:

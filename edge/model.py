@@ -38,6 +38,7 @@ class LoadOptions:
     emulate: bool = False  # --device npu: the NPU-shaped static graphs compiled on the CPU
     n_ctx: int = 4096
     n_threads: int | None = None
+    precision: str = "fast"  # fast | exact (see devices.registry.PRECISIONS)
     # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
     available_memory: int | None = None
     # Speculative decoding: a draft model (catalog name or path) or "ngram", the draft's [backend:]device,
@@ -253,7 +254,11 @@ class Model:
                     backend,
                     self.path,
                     device,
-                    DecoderOptions(n_ctx=self.options.n_ctx, n_threads=self.options.n_threads),
+                    DecoderOptions(
+                        n_ctx=self.options.n_ctx,
+                        n_threads=self.options.n_threads,
+                        precision=self.options.precision,
+                    ),
                 )
             except Exception:  # that one is unusable too (absent SDK, no such device): try the next
                 continue
@@ -410,7 +415,7 @@ def load(model: str | None = None, options: LoadOptions | None = None) -> Model:
     fallback = "cpu" if opts.fallback is True else (opts.fallback or None)
     request = DeviceRequest(opts.backend, opts.device, fallback, opts.emulate)
     decoder, placement, plan = open_requested(
-        path, request, PlannedOptions(n_ctx=opts.n_ctx, threads=opts.n_threads)
+        path, request, PlannedOptions(n_ctx=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
     )
     try:
         display = name if name in CATALOG else path.name

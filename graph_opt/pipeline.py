@@ -25,16 +25,24 @@ FUSIONS = {
 # Passes that make a graph's weights run well on a target, whatever else is done to it (every graph built for
 # the target gets them, fused or not)
 LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": ["float_zero_points"], "coreml": []}
+# With int8 activations (precision "fast") a runtime's int8 kernels want integer zero points: the block-bias
+# term of min-offset formats stays a separate small matmul instead of becoming float zero points (OpenVINO's
+# dynamic quantization skips weights with float zero points)
+FAST_LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": [], "coreml": []}
 PIPELINES = {
     t: ["fold", *f, "quantize", "lower", *LOWERINGS[t], "specialize", "fold"] for t, f in FUSIONS.items()
 }
 
 
-def pipeline(target: str, *, fuse: bool = True) -> list[str]:
-    """Pass names for a target, in order (fuse=False: without the fusion passes, for comparisons)."""
+def pipeline(target: str, *, fuse: bool = True, precision: str = "exact") -> list[str]:
+    """Pass names for a target, in order (fuse=False: without the fusion passes, for comparisons; precision
+    "fast": the target's FAST_LOWERINGS instead of its LOWERINGS)."""
     if target not in PIPELINES:
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(PIPELINES)}")
-    return [p for p in PIPELINES[target] if fuse or p not in FUSIONS[target]]
+    names = [p for p in PIPELINES[target] if fuse or p not in FUSIONS[target]]
+    if precision == "fast":
+        names = [p for p in names if p not in LOWERINGS[target] or p in FAST_LOWERINGS[target]]
+    return names
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ def optimize(
     int8_accuracy_level: int | None = None,
     head_accuracy_level: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    precision: str = "exact",
 ) -> OptimizeResult:
     """Run the target's pipeline on `model` in place. quant_report: quantized weights decided elsewhere (on the
     whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition)."""
@@ -71,14 +80,17 @@ def optimize(
         "progress": progress,
     }
     ctx = PassContext(target, options)
-    records = run_passes(model, [PASSES[p] for p in pipeline(target, fuse=fuse)], ctx)
+    records = run_passes(model, [PASSES[p] for p in pipeline(target, fuse=fuse, precision=precision)], ctx)
     return OptimizeResult(records, report)
 
 
-def target_proto(model: onnx.ModelProto, target: str, *, fuse: bool = True) -> onnx.ModelProto:
+def target_proto(
+    model: onnx.ModelProto, target: str, *, fuse: bool = True, precision: str = "exact"
+) -> onnx.ModelProto:
     """A built graph made ready for a target: folding and its fusion passes (fuse=False: none), then its
-    LOWERINGS; the weights' quantization as it is."""
-    names = (["fold", *FUSIONS[target]] if fuse else []) + LOWERINGS[target]
+    LOWERINGS (FAST_LOWERINGS for precision "fast"); the weights' quantization as it is."""
+    lowerings = FAST_LOWERINGS if precision == "fast" else LOWERINGS
+    names = (["fold", *FUSIONS[target]] if fuse else []) + lowerings[target]
     if not names:
         return model
     m = ir.serde.deserialize_model(model)

@@ -50,9 +50,11 @@ class ConvertOptions:
     static: bool = False  # fixed shapes for NPUs: a prefill graph of prefill_chunk tokens and a decode graph
     prefill_chunk: int = 64
     capacity: int = 1024
+    # fast: weight forms for the runtimes' int8 paths and int8 activations (MatMulNBits accuracy level 4);
+    # exact: fp32 activations (level 0; ORT's 8-bit weights as two exact 4-bit halves)
+    precision: str = "fast"
     # MatMulNBits accuracy level (0: fp32-exact activations, 4: int8 activations, as llama.cpp computes).
-    # None: the target's default: on ort 0 for 4-bit weights and 4 for 8-bit ones (ORT's 8-bit kernels are
-    # only fast with int8 activations; slow means the weights dequantized on every call), else 0.
+    # None: from precision (fast 4, exact 0).
     accuracy_level: int | None = None
     head_accuracy_level: int | None = None  # the lm_head's, when it should differ
     # 8-bit weights' level, when it should differ from the target's default (ORT's 8-bit kernels are fast
@@ -66,14 +68,15 @@ class ConvertOptions:
     def __post_init__(self) -> None:
         if self.target not in graph_opt.TARGETS:
             raise ValueError(f"--target must be one of {', '.join(graph_opt.TARGETS)}, not {self.target!r}")
+        if self.precision not in ("fast", "exact"):
+            raise ValueError(f"--precision must be fast or exact, not {self.precision!r}")
         if self.static and (self.prefill_chunk < 1 or self.capacity <= self.prefill_chunk):
             raise ValueError("static shapes need 1 <= prefill chunk < capacity")
 
     def levels(self) -> dict[str, int | None]:
         """Accuracy levels for the lower pass: body, 8-bit linears, head."""
-        body = 0 if self.accuracy_level is None else self.accuracy_level
-        int8 = (4 if self.target == "ort" else 0) if self.accuracy_level is None else self.accuracy_level
-        int8 = int8 if self.int8_accuracy_level is None else self.int8_accuracy_level
+        body = (4 if self.precision == "fast" else 0) if self.accuracy_level is None else self.accuracy_level
+        int8 = body if self.int8_accuracy_level is None else self.int8_accuracy_level
         return {
             "accuracy_level": body,
             "int8_accuracy_level": int8,
@@ -297,6 +300,7 @@ def convert(
                 opts.target,
                 quant=opts.quant,
                 fuse=opts.fuse,
+                precision=opts.precision,
                 quant_report=report,
                 **opts.levels(),
             )

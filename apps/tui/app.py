@@ -386,6 +386,7 @@ def _load_model(settings: ChatSettings) -> Model:
         draft=settings.draft,
         n_ctx=settings.n_ctx,
         n_threads=settings.n_threads,
+        precision=settings.precision,
     )
 
 

@@ -17,6 +17,7 @@ class ChatSettings:
     max_tokens: int = 512
     n_ctx: int = 4096
     n_threads: int | None = None
+    precision: str = "fast"  # fast | exact (the graph backends')
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -26,4 +27,13 @@ class ChatSettings:
 
     def load_key(self) -> tuple[object, ...]:
         """The fields that need the model loaded again when they change."""
-        return (self.model, self.device, self.backend, self.fallback, self.draft, self.n_ctx, self.n_threads)
+        return (
+            self.model,
+            self.device,
+            self.backend,
+            self.fallback,
+            self.draft,
+            self.n_ctx,
+            self.n_threads,
+            self.precision,
+        )

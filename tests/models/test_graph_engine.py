@@ -5,7 +5,7 @@ against llama.cpp and against an independent numpy forward, and the ring-buffer 
   llama.cpp keeps its KV cache in f16, which is the expected difference), the sequence fed as chunked prefill,
   a short chunk and single-token decode steps.
 - Each weight type edge imports (F32, F16, BF16, the legacy quants gguf-py quantizes, and the K-quants as
-  crafted valid random blocks), each family, both backends with exact=True: logits equal the numpy forward
+  crafted valid random blocks), each family, both backends with precision="exact": logits equal the numpy forward
   (tests/numpy_reference.py, float64 on `gguf.quants.dequantize`d weights) within 1e-3; an unsupported type is
   a ModelFormatError naming the tensor.
 - Ring buffer: rollback after a wrap is bit-exact, generation runs to 4x the capacity (and equals StreamingLLM
@@ -148,7 +148,7 @@ def reference(path: Path, ids: tuple[int, ...], streaming: tuple[int, int] | Non
 
 
 def decoder(path: Path, backend: str, **options: Any) -> GraphDecoder:
-    return GraphDecoder(open_gguf(path), GraphOptions(backend=backend, threads=1, exact=True, **options))
+    return GraphDecoder(open_gguf(path), GraphOptions(backend=backend, threads=1, precision="exact", **options))
 
 
 def feed(dec: GraphDecoder, ids: Sequence[int], plan: Sequence[int]) -> np.ndarray:
