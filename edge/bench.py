@@ -24,6 +24,7 @@ from devices.discovery import discover
 from devices.registry import DecoderOptions, open_decoder, require_backend
 from edge import __version__
 from edge.bench_draft import DraftBenchResult, measure_draft
+from edge.bench_peers import PEERS, measure_peer
 from edge.data import read_text
 from edge.errors import EdgeError
 from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
@@ -155,10 +156,11 @@ class BackendResult:
         out["ratio_prefill_warm"] = round(
             self.prefill_warm_tok_s.median / against.prefill_warm_tok_s.median, 4
         )
-        out["batch_cost_steps"] = {
-            str(k): round(statistics.median(s.batch_cost[i] for s in self.samples), 3)
-            for i, k in enumerate(BATCH_SIZES)
-        }
+        if all(s.batch_cost for s in self.samples):  # peers measured through their own pipelines: none
+            out["batch_cost_steps"] = {
+                str(k): round(statistics.median(s.batch_cost[i] for s in self.samples), 3)
+                for i, k in enumerate(BATCH_SIZES)
+            }
         out["ratio_ttft"] = round(self.ttft_ms.median / against.ttft_ms.median, 4)
         out["decode_roofline_fraction"] = round(self.decode_tok_s.median / bound_tok_s, 4)
         out["samples"] = {
@@ -294,6 +296,9 @@ def _partition_times(dec: Decoder) -> list[float]:
 
 
 def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sample:
+    if entry in PEERS:
+        with _PeakRss() as rss:
+            return measure_peer(entry, path, prompt, cfg, rss)
     with _PeakRss() as rss:
         t0 = time.perf_counter()
         dec = _open(entry, path, cfg)
@@ -376,7 +381,8 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     """Measure every backend `cfg.repeat` times, interleaved; `on_step(what, steps_done)` before each step."""
     step = on_step or (lambda _what, _done: None)
     for b in cfg.backends:  # fail before measuring anything
-        require_backend(b)
+        if b not in PEERS:
+            require_backend(b)
     path = resolve_model(model)
     gguf = open_gguf(path)
     tokenizer = load_tokenizer(gguf.metadata)

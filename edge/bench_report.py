@@ -70,6 +70,7 @@ def batch_lines(report: dict[str, Any]) -> list[str]:
         + ", ".join(f"k={k}: {v:.2f}" for k, v in r["batch_cost_steps"].items())
         + " decode steps"
         for r in report["results"]
+        if "batch_cost_steps" in r
     ]
 
 

@@ -148,7 +148,9 @@ def reference(path: Path, ids: tuple[int, ...], streaming: tuple[int, int] | Non
 
 
 def decoder(path: Path, backend: str, **options: Any) -> GraphDecoder:
-    return GraphDecoder(open_gguf(path), GraphOptions(backend=backend, threads=1, precision="exact", **options))
+    return GraphDecoder(
+        open_gguf(path), GraphOptions(backend=backend, threads=1, precision="exact", **options)
+    )
 
 
 def feed(dec: GraphDecoder, ids: Sequence[int], plan: Sequence[int]) -> np.ndarray:
