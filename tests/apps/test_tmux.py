@@ -4,6 +4,7 @@ answers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -25,11 +26,13 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
+_SERVERS = itertools.count()
 
 
 class Tmux:
     def __init__(self, name: str) -> None:
-        self.socket = f"edge-test-{os.getpid()}"
+        # one server per test: a server that was just killed may still hold the previous socket name
+        self.socket = f"edge-test-{os.getpid()}-{next(_SERVERS)}"
         self.name = name
 
     def __call__(self, *args: str) -> str:
