@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from devices.discovery import Inventory
+from devices.planner import absent_device_hint
 from devices.registry import BACKENDS
 from edge.errors import BackendUnavailableError, DeviceError
 
@@ -32,12 +33,31 @@ def _everything(inventory: Inventory) -> str:
     return ", ".join(found) or "nothing"
 
 
-def place(inventory: Inventory, *, backend: str | None, device: str, fallback: bool = False) -> Placement:
-    """Pick where to run. An absent device is an error listing what exists, unless fallback is allowed."""
+def place(
+    inventory: Inventory,
+    *,
+    backend: str | None,
+    device: str,
+    fallback: bool = False,
+    backend_named: bool | None = None,
+) -> Placement:
+    """Pick where to run. An absent device is an error listing what exists, unless fallback is allowed.
+
+    `backend_named`: whether the user chose the backend (default: `backend` is given); errors name a backend
+    only when the user did."""
+    named = backend is not None if backend_named is None else backend_named
     backend = backend or "llamacpp"
     if backend not in ("llamacpp", "ort", "openvino", "coreml"):
         raise DeviceError(f"unknown backend {backend!r}", hint="use one of: llamacpp, ort, openvino, coreml")
     status = inventory.backend(backend)
+    if status is not None and not status.available and not named and device in DEVICE_KINDS:
+        # the user asked for a device, not for this backend: its absence is the device's absence
+        if fallback and "cpu" in _usable(inventory, "llamacpp"):
+            return Placement("llamacpp", "cpu", fallback=f"{device} -> cpu")
+        raise DeviceError(
+            f"no {device} is usable on this machine (found: {_everything(inventory)})",
+            hint=absent_device_hint(device),
+        )
     if status is not None and not status.available:
         raise BackendUnavailableError(
             f"backend {backend!r} is unavailable: {status.reason}", hint=status.hint or None
@@ -64,7 +84,8 @@ def place(inventory: Inventory, *, backend: str | None, device: str, fallback: b
         return Placement(backend, device)
     if fallback and "cpu" in kinds:
         return Placement(backend, "cpu", fallback=f"{device} -> cpu")
+    by = f" by {backend}" if named else ""
     raise DeviceError(
-        f"no {device} is usable by {backend} on this machine (found: {_everything(inventory)})",
-        hint="use --device cpu, or add --fallback cpu to run on the CPU instead (announced)",
+        f"no {device} is usable{by} on this machine (found: {_everything(inventory)})",
+        hint=absent_device_hint(device),
     )

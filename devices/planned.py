@@ -182,10 +182,13 @@ def open_requested(
         if backend is None:
             backend = open_artifact(path).target if artifact else PREFERRED_BACKENDS[t.kind][0]
         allow = request.fallback is not None
+        named = request.backend is not None or t.backend is not None  # errors name only a chosen backend
         try:
-            placement = place(discover((backend,)), backend=backend, device=t.kind, fallback=allow)
+            placement = place(
+                discover((backend,)), backend=backend, device=t.kind, fallback=allow, backend_named=named
+            )
         except DeviceError:  # say it again with every backend's devices listed, not only this one's
-            placement = place(discover(), backend=backend, device=t.kind, fallback=allow)
+            placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
         if placement.fallback and request.backend is None and t.backend is None and not artifact:
             placement = Placement("llamacpp", "cpu", placement.fallback)  # the default CPU backend
         return open_decoder(placement.backend, path, placement.device, dopts), placement, None

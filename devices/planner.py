@@ -197,11 +197,19 @@ def _resolve(target: Target, devices: Sequence[DeviceProfile]) -> DeviceProfile 
     return None
 
 
+def absent_device_hint(device: str) -> str:
+    """The ways out when `device` is absent: an NPU can be emulated on the CPU; any device can fall back."""
+    fallback = "add --fallback cpu to run on the CPU instead (announced)"
+    if device == "npu":
+        return f"run the NPU-shaped graphs on the CPU with --device npu --emulate, or {fallback}"
+    return f"use --device cpu, or {fallback}"
+
+
 def _absent(target: Target, devices: Sequence[DeviceProfile]) -> DeviceError:
     found = ", ".join(d.label for d in devices) or "nothing"
     return DeviceError(
         f"no {target} on this machine (found: {found})",
-        hint="use --device cpu, or add --fallback cpu to run on the CPU instead (announced)",
+        hint=absent_device_hint(target.kind),
     )
 
 

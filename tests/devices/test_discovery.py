@@ -62,6 +62,41 @@ def test_absent_device_lists_what_exists() -> None:
         place(CPU_ONLY, backend=None, device="npu")
 
 
+def test_absent_npu_offers_emulate_and_names_only_a_chosen_backend() -> None:
+    ov_cpu = _inventory(
+        BackendStatus("llamacpp", True, "0", (BackendDevice("cpu", "cpu"),)),
+        BackendStatus("openvino", True, "0", (BackendDevice("CPU", "cpu"),)),
+    )
+    # `--device npu` alone: openvino is edge's choice, not the user's, so the message does not name it
+    with pytest.raises(DeviceError) as err:
+        place(ov_cpu, backend="openvino", device="npu", backend_named=False)
+    msg = err.value.message
+    assert msg.startswith("no npu is usable on this machine (found: ") and "by openvino" not in msg
+    assert "--device npu --emulate" in (err.value.hint or "") and "--fallback cpu" in (err.value.hint or "")
+    # `--backend openvino --device npu`: the user chose it, so it is named
+    with pytest.raises(DeviceError, match="no npu is usable by openvino on this machine"):
+        place(ov_cpu, backend="openvino", device="npu")
+    # a GPU cannot be emulated: only the CPU and the fallback are offered
+    with pytest.raises(DeviceError) as err:
+        place(ov_cpu, backend=None, device="gpu")
+    assert "--emulate" not in (err.value.hint or "") and "--fallback cpu" in (err.value.hint or "")
+
+
+def test_absent_npu_on_a_backend_edge_chose_that_is_not_installed() -> None:
+    no_ov = _inventory(
+        BackendStatus("llamacpp", True, "0", (BackendDevice("cpu", "cpu"),)),
+        BackendStatus("openvino", False, "", (), reason="openvino is not installed"),
+    )
+    with pytest.raises(DeviceError) as err:
+        place(no_ov, backend="openvino", device="npu", backend_named=False)
+    assert not isinstance(err.value, BackendUnavailableError)
+    assert "no npu is usable on this machine" in err.value.message and "--emulate" in (err.value.hint or "")
+    p = place(no_ov, backend="openvino", device="npu", fallback=True, backend_named=False)
+    assert (p.backend, p.device, p.fallback) == ("llamacpp", "cpu", "npu -> cpu")
+    with pytest.raises(BackendUnavailableError, match="openvino"):  # asked for by name: say it is missing
+        place(no_ov, backend="openvino", device="npu")
+
+
 def test_fallback_is_announced() -> None:
     p = place(CPU_ONLY, backend=None, device="npu", fallback=True)
     assert (p.backend, p.device, p.fallback) == ("llamacpp", "cpu", "npu -> cpu")

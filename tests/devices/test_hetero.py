@@ -16,6 +16,7 @@ from edge.generate import GenerationConfig
 from edge.model import LoadOptions, load
 from edge.sampling import SamplingConfig
 from models.store import resolve_model
+from tests.shared_cache import share_models
 
 pytestmark = pytest.mark.slow
 
@@ -31,8 +32,8 @@ def models() -> dict[str, Path]:
 
 @pytest.fixture(scope="module", autouse=True)
 def plan_cache(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Converted partitions and graphs go to a private cache (the model files are resolved before)."""
-    path = tmp_path_factory.mktemp("edge_cache")
+    """Converted partitions and graphs go to a private cache; the model files stay in the shared one."""
+    path = share_models(tmp_path_factory.mktemp("edge_cache"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGE_CACHE_DIR", str(path))
         yield path

@@ -50,6 +50,7 @@ def test_absent_device_is_an_error_listing_what_exists_unless_fallback() -> None
     with pytest.raises(DeviceError) as err:
         plan(qwen_like(), [CPU, OV_CPU], "single", [Target("npu")])
     assert "no npu" in str(err.value) and "llamacpp:cpu" in str(err.value) and "--fallback" in err.value.hint
+    assert "--device npu --emulate" in err.value.hint  # the NPU-shaped graphs run on the CPU
     p = plan(qwen_like(), [CPU, OV_CPU], "single", [Target("npu")], fallback="cpu")
     assert p.fallback == "npu -> llamacpp:cpu" and p.partitions[0].device.kind == "cpu"
     assert "absent" in p.explain()

@@ -69,6 +69,40 @@ def test_unrunnable_backend_is_one_clear_line() -> None:
     assert "'coreml'" in out.stderr and "runnable backends: llamacpp, ort, openvino" in out.stderr
 
 
+def _report(repeat: int) -> dict[str, object]:
+    """The parts of a BenchReport.to_dict() that bench_table reads: one llama.cpp row."""
+    row: dict[str, object] = {"backend": "llamacpp", "device": "cpu", "load_cold_s": 0.25, "load_s": 0.125}
+    for key, v in (
+        ("ttft_ms", 40.0),
+        ("prefill_tok_s", 400.0),
+        ("prefill_warm_tok_s", 450.0),
+        ("decode_tok_s", 150.0),
+    ):
+        row |= {key: v, f"{key}_min": v, f"{key}_max": v}
+    row |= {"decode_roofline_fraction": 0.8, "peak_rss_mb": 200.0, "rss_growth_mb": 100.0}
+    row |= {"ratio_prefill": 1.0, "ratio_decode": 1.0}
+    settings = {"prompt_tokens": 16, "gen_tokens": 8, "repeat": repeat, "threads": 2, "against": "llamacpp"}
+    roof = {"bound_tok_s": 190.0, "bandwidth_gb_s": 19.0, "weight_bytes_per_token": 1e8}
+    return {"model": "m", "settings": settings, "roofline": roof, "results": [row]}
+
+
+@pytest.mark.parametrize("repeat", [1, 3])
+def test_bench_table_header_matches_its_rows(repeat: int) -> None:
+    """One round has only a cold load: the header says so and the row shows one figure, not it twice."""
+    from rich.console import Console
+
+    from edge.bench_report import bench_table
+
+    console = Console(width=200, record=True, color_system=None)
+    console.print(bench_table(_report(repeat)))
+    text = console.export_text()
+    assert "0.250" in text
+    if repeat == 1:
+        assert "cold/" not in text and "0.125" not in text  # no "warm" load over the cold one
+    else:
+        assert "cold/" in text and "0.125" in text
+
+
 @pytest.mark.slow
 def test_bench_tiny_real_run(tmp_path: Path) -> None:
     js, png = tmp_path / "b.json", tmp_path / "b.png"
@@ -78,6 +112,7 @@ def test_bench_tiny_real_run(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "llamacpp" in out.stdout  # the table
+    assert "cold/" not in out.stdout  # --repeat 1: only the cold load is measured, no cold/warm pair
     report = json.loads(js.read_text())
     assert {"model", "machine", "results", "roofline", "settings"} <= report.keys()
     assert report["model"] == "smollm2-135m"

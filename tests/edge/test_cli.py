@@ -13,11 +13,18 @@ from pathlib import Path
 import pytest
 
 from models.store import resolve_model
+from tests.shared_cache import pull_named_models
 
 EDGE = [sys.executable, "-m", "edge.cli"]
 
 
-def edge(*args: str, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def edge(
+    *args: str, stdin: str | None = None, timeout: float = 300, pull: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; `pull`: first pull the catalog models it names (a pull's progress lines on stderr are not
+    what these tests read), False where the command fails before it needs the model."""
+    if pull:
+        pull_named_models(args)
     env = {k: v for k, v in os.environ.items() if k != "EDGE_DEBUG"}
     return subprocess.run(
         [*EDGE, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env
@@ -38,6 +45,19 @@ def test_unknown_model_is_one_clear_line() -> None:
     assert_one_line_error(proc, "no-such-model.gguf", "catalog name")
 
 
+def test_models_at_80_columns_never_cut_a_name() -> None:
+    from models.catalog import CATALOG
+
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([*EDGE, "models"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80, proc.stdout
+    assert "…" not in proc.stdout
+    for name in CATALOG:  # each name whole, at the start of its row
+        assert any(line.split()[:1] == [name] for line in lines if line.strip()), (name, proc.stdout)
+
+
 def test_hostile_file_is_one_clear_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (2**62).to_bytes(8, "little") + bytes(8))
@@ -46,14 +66,14 @@ def test_hostile_file_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_bad_option_values() -> None:
-    assert_one_line_error(edge("run", "smollm2-135m", "hi", "--top-p", "0"), "top_p")
+    assert_one_line_error(edge("run", "smollm2-135m", "hi", "--top-p", "0", pull=False), "top_p")
 
 
 @pytest.mark.slow
 def test_absent_device_lists_what_exists_and_fallback_is_announced() -> None:
-    assert_one_line_error(
-        edge("run", "smollm2-135m", "hi", "--device", "npu"), "no npu", "found:", "--fallback"
-    )
+    proc = edge("run", "smollm2-135m", "hi", "--device", "npu")
+    assert_one_line_error(proc, "no npu", "found:", "--fallback cpu", "--device npu --emulate")
+    assert "by openvino" not in proc.stderr  # the user named no backend
     proc = edge(
         "run", "smollm2-135m", "Say hi", "--device", "npu", "--fallback", "--max-tokens", "4", "--json"
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shared_cache import share_models
 from tests.tiny_models import TinySpec, write_tiny_model
 
 EDGE = [sys.executable, "-m", "edge.cli"]
@@ -24,8 +25,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def graph_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Graphs go to a private EDGE_CACHE_DIR, never the user's cache."""
-    path = tmp_path / "edge-cache"
+    """Graphs go to a private EDGE_CACHE_DIR, never the user's cache (catalog models: the shared one's)."""
+    path = share_models(tmp_path / "edge-cache")
     monkeypatch.setenv("EDGE_CACHE_DIR", str(path))
     yield path
 

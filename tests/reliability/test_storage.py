@@ -27,6 +27,7 @@ from models.catalog import CatalogEntry, WheelPart
 from models.gguf_file import open_gguf
 from models.store import is_verified, model_path
 from tests.reliability.conftest import ROOT
+from tests.shared_cache import share_models
 
 PART_BYTES = 24 << 20
 
@@ -151,7 +152,7 @@ def logits(path: Path) -> np.ndarray:
 @pytest.fixture(scope="module")
 def reference(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGE_CACHE_DIR", str(tmp_path_factory.mktemp("reference-cache")))
+        mp.setenv("EDGE_CACHE_DIR", str(share_models(tmp_path_factory.mktemp("reference-cache"))))
         return logits(tiny_model)
 
 

@@ -1,0 +1,35 @@
+"""One model cache per test run: private caches of graphs and plans share its catalog model files."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from models.catalog import CATALOG
+from models.store import cache_dir, resolve_model
+
+# The cache this test run started with (CI: an empty folder under the checkout, see .ci/run). Catalog models
+# are pulled into it at most once per run, whatever private caches the tests switch to.
+SHARED_CACHE = cache_dir()
+
+
+def share_models(private: Path) -> Path:
+    """Make `private` (a private EDGE_CACHE_DIR) use the shared cache's model folder: catalog models verified
+    there are used as they are, and one pulled while the private cache is set lands there too. Graphs, plans
+    and compiled artifacts stay private. Returns `private`."""
+    shared = SHARED_CACHE / "models"
+    shared.mkdir(parents=True, exist_ok=True)
+    private.mkdir(parents=True, exist_ok=True)
+    link = private / "models"
+    if not link.exists():
+        os.symlink(shared, link, target_is_directory=True)
+    return private
+
+
+def pull_named_models(args: Iterable[str]) -> None:
+    """Pull the catalog models among a CLI's `args` (into the shared cache) before a test runs it: on an empty
+    cache (a fresh machine, CI) the CLI's own pull would add its progress lines to the stderr the test reads."""
+    for arg in args:
+        if arg in CATALOG:
+            resolve_model(arg)
