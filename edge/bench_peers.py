@@ -70,7 +70,6 @@ def measure_peer(name: str, path: Path, prompt: list[int], cfg: BenchConfig, rss
     half = len(prompt) // 2
     warm = run(prompt[:1] + prompt[half:] + prompt[1:half], 1)  # same length, another prefix
     rss.sample()
-    del pipe
     ttft_ms = float(first.get_ttft().mean)
     return Sample(
         load_s=load_s,
