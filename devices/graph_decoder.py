@@ -27,7 +27,7 @@ from models.onnx_safety import check_onnx_file
 from models.store import cache_dir
 from models.transformer import BuildOptions, Embedder, build_decoder
 
-GRAPH_FORMAT = 9  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 10  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,8 @@ def ensure_graph(
             location="model.onnx.data",
             size_threshold=1024,
         )
+        del model
+        _release_memory()
         (tmp / "DONE").write_text(json.dumps({"source": gguf.path.name, "files": _files_record(tmp)}))
         if final.exists():  # an interrupted or stale build: replace it whole
             shutil.rmtree(final, ignore_errors=True)
@@ -121,6 +123,20 @@ def ensure_graph(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return model_path
+
+
+def _release_memory() -> None:
+    """Give a graph build's garbage back to the OS: the build leaves reference cycles (onnx_ir graphs) and a
+    fragmented heap. Measured on qwen2.5-coder-1.5b: RSS 4.8 GB after the build, 2.6 after gc, 1.1 after
+    glibc's malloc_trim; without this the ORT decoder's peak was 5.8 GB, with a cached graph 2.2."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): gc alone
+        pass
 
 
 class GraphDecoder(RingDecoder):
@@ -156,6 +172,7 @@ class GraphDecoder(RingDecoder):
             head_accuracy_level=opts.head_accuracy_level,
         )
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
+        self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent)
         self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)

@@ -6,7 +6,7 @@ Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` 
 from graph_opt.attention import attention
 from graph_opt.fold import fold
 from graph_opt.linear import BlockWeight, Linear, emit_linear, find_linears
-from graph_opt.lower import float_zero_points, int8_nibbles, lower, lowering_for
+from graph_opt.lower import center_codes, float_zero_points, int8_nibbles, lower, lowering_for
 from graph_opt.manager import (
     PASSES,
     TARGETS,
@@ -54,6 +54,7 @@ __all__ = [
     "QuantReport",
     "QuantSpec",
     "attention",
+    "center_codes",
     "collect_hessians",
     "dynamic_dims",
     "emit_linear",

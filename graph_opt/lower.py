@@ -12,13 +12,16 @@ coreml    standard ONNX only: linears as DequantizeLinear (int4/uint4/int8/uint8
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import onnx_ir as ir
 
 from edge.errors import ModelFormatError
 from graph_opt.linear import BlockWeight, emit_linear, find_linears
 from graph_opt.manager import PassContext, graph_pass
 
-__all__ = ["float_zero_points", "int8_nibbles", "lower", "lowering_for"]
+__all__ = ["center_codes", "float_zero_points", "int8_nibbles", "lower", "lowering_for"]
 
 
 def lowering_for(target: str) -> str:
@@ -99,6 +102,37 @@ def float_zero_points(model: ir.Model, ctx: PassContext) -> int:
         if lin.form == "nbits" and isinstance(w, BlockWeight) and w.bias is not None and len(lin.nodes) > 1:
             emit_linear(model, lin, lowering="nbits_fzp")
             changed += 1
+    return changed
+
+
+@graph_pass("center_codes", targets=("ort", "openvino"))
+def center_codes(model: ir.Model, ctx: PassContext) -> int:
+    """Min-offset weights (GGUF Q4_1 / Q5_1 / K-quants: codes 0..2^b - 1 plus a per-block min) -> codes
+    centred on the default zero point, the shift moved into the block-bias term (exact algebra:
+    (q - z) s + b = (q' - mid) s + (b + (c - z) s) with q' = q - c + mid, c the codes' midpoint).
+
+    For int8 activations (precision fast): the runtime quantizes x per block and multiplies it by the codes;
+    its rounding error scales with |q - zero point|, so uncentred codes (all >= the zero point) err 6x more
+    than llama.cpp on a Q4_1 tiny model (KL 4.4e-4 vs 7.3e-5), centred ones as much as it (llama.cpp applies
+    the mins to the sums of the quantized x instead). No explicit zero points are left (none to read)."""
+    changed = 0
+    for lin in find_linears(model):
+        w = lin.weight
+        if not (lin.form == "nbits" and isinstance(w, BlockWeight)):
+            continue
+        if w.bias is None and w.zero_points is None:
+            continue  # symmetric formats are centred by design (Q4_0, Q8_0, Q6_K)
+        lo, hi = int(w.codes.min()), int(w.codes.max())
+        mid = 1 << (w.bits - 1)
+        c = (lo + hi + 1) // 2
+        if w.bias is None and w.zero_points is not None and not (w.zero_points != c).any():
+            continue
+        codes = (w.codes.astype(np.int16) + (mid - c)).astype(np.uint8)
+        z = w.integer_zero_points().astype(np.float32)
+        bias = (w.bias if w.bias is not None else 0) + (np.float32(c) - z) * w.scales
+        centred = replace(w, codes=codes, zero_points=None, bias=bias.astype(np.float32))
+        emit_linear(model, lin, centred, lowering="nbits")
+        changed += 1
     return changed
 
 

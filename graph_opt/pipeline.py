@@ -28,7 +28,11 @@ LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": ["float_
 # With int8 activations (precision "fast") a runtime's int8 kernels want integer zero points: the block-bias
 # term of min-offset formats stays a separate small matmul instead of becoming float zero points (OpenVINO's
 # dynamic quantization skips weights with float zero points)
-FAST_LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": [], "coreml": []}
+FAST_LOWERINGS: dict[str, list[str]] = {
+    "ort": ["center_codes", "int8_nibbles"],
+    "openvino": ["center_codes"],
+    "coreml": [],
+}
 PIPELINES = {
     t: ["fold", *f, "quantize", "lower", *LOWERINGS[t], "specialize", "fold"] for t, f in FUSIONS.items()
 }
@@ -41,7 +45,9 @@ def pipeline(target: str, *, fuse: bool = True, precision: str = "exact") -> lis
         raise ValueError(f"unknown target {target!r}; expected one of {', '.join(PIPELINES)}")
     names = [p for p in PIPELINES[target] if fuse or p not in FUSIONS[target]]
     if precision == "fast":
-        names = [p for p in names if p not in LOWERINGS[target] or p in FAST_LOWERINGS[target]]
+        at = names.index("lower") + 1
+        names = [p for p in names if p not in LOWERINGS[target]]
+        names[at:at] = FAST_LOWERINGS[target]
     return names
 
 

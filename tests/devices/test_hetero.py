@@ -41,8 +41,9 @@ def plan_cache(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 
 def greedy(path: Path, **opts: object) -> tuple[list[int], object]:
     """Greedy tokens, and what ran them: placement, plan, and the decoder's per-partition facts (read before
-    the model closes)."""
-    with load(str(path), LoadOptions(n_ctx=512, **opts)) as m:  # type: ignore[arg-type]
+    the model closes). Exact precision: the same greedy tokens on every backend and plan is its promise (fast
+    lets each runtime round its int8 activations its own way)."""
+    with load(str(path), LoadOptions(n_ctx=512, precision="exact", **opts)) as m:  # type: ignore[arg-type]
         result = m.generate(PROMPT, GREEDY)
         dec = m.decoder
         facts = {

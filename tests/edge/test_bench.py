@@ -155,8 +155,8 @@ def test_eval_test_chunk_scores_the_decode_path() -> None:
     """--test-chunk 1 feeds the tested backend one token per forward against a batched reference.
 
     llama.cpp's one-token path rounds differently from its batched one (another kernel), so against itself it
-    is no longer exact: the figure is the floor for any engine measured against llama.cpp. edge's ORT graph
-    gives the same logits either way (fp32 in both paths).
+    is no longer exact: the figure is the floor for any engine measured against llama.cpp. edge's exact ORT
+    graph gives the same logits either way (fp32 in both paths).
     """
     base = ("eval", "smollm2-135m", "--tokens", "96", "--test-chunk", "1", "--json")
     out = _edge(*base, "--backend", "llamacpp", "--reference", "llamacpp")
@@ -164,7 +164,8 @@ def test_eval_test_chunk_scores_the_decode_path() -> None:
     r = json.loads(out.stdout)
     assert r["tokens"] == 96 and r["test_chunk"] == 1
     assert 0 < r["kl_mean"] < 0.05 and r["top1_agree"] > 0.85
-    out = _edge(*base, "--backend", "ort", "--reference", "ort")
+    exact = ("--precision", "exact", "--reference-precision", "exact")
+    out = _edge(*base, "--backend", "ort", "--reference", "ort", *exact)
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert r["test_chunk"] == 1 and r["kl_mean"] < 1e-6 and r["top1_agree"] == 1.0
