@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from greedy_agreement import PROMPTS, greedy  # noqa: E402
 
 import tests.numpy_reference as reference  # noqa: E402
-from devices.registry import DecoderOptions, open_decoder  # noqa: E402
+from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.model import LoadOptions, load  # noqa: E402
 
 

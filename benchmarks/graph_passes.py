@@ -64,10 +64,10 @@ def _variants(skip_int4: bool) -> dict[str, dict[str, Any]]:
 
 
 def _convert(model: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
-    from graph_opt import QuantSpec
-    from models.artifact import is_artifact
-    from models.convert import ConvertOptions, convert
-    from models.store import resolve_model
+    from edge.graph_opt import QuantSpec
+    from edge.models.artifact import is_artifact
+    from edge.models.convert import ConvertOptions, convert
+    from edge.models.store import resolve_model
 
     if not is_artifact(out):
         opts = ConvertOptions(
@@ -86,9 +86,9 @@ def _convert(model: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
 
 def _child(args: argparse.Namespace) -> None:
     """One measurement in this process: prefill, then greedy decode; prints one JSON line."""
-    from devices.partitioned import PartitionedOptions, open_artifact_decoder
-    from devices.registry import DecoderOptions, open_decoder
-    from models.store import resolve_model
+    from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
+    from edge.devices.registry import DecoderOptions, open_decoder
+    from edge.models.store import resolve_model
 
     prompt = np.random.default_rng(0).integers(100, 20000, args.prompt).tolist()
     if args.backend == "llamacpp":
@@ -143,7 +143,7 @@ def main() -> None:
         _child(args)
         return
 
-    from models.store import cache_dir
+    from edge.models.store import cache_dir
 
     work = args.work or cache_dir() / "bench-artifacts"
     work.mkdir(parents=True, exist_ok=True)

@@ -27,8 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devices.base import Decoder  # noqa: E402
-from devices.registry import DecoderOptions, open_decoder  # noqa: E402
+from edge.devices.base import Decoder  # noqa: E402
+from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.model import LoadOptions, load  # noqa: E402
 
 PROMPTS = (

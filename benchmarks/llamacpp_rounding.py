@@ -29,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import tests.numpy_reference as R  # noqa: E402
-from devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.data import read_text  # noqa: E402
+from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.evaluate import text_ids  # noqa: E402
 from edge.metrics import kl_divergence  # noqa: E402
-from models.gguf_file import open_gguf  # noqa: E402
-from models.store import resolve_model  # noqa: E402
-from models.tokenizer import load_tokenizer  # noqa: E402
+from edge.models.gguf_file import open_gguf  # noqa: E402
+from edge.models.store import resolve_model  # noqa: E402
+from edge.models.tokenizer import load_tokenizer  # noqa: E402
 from tests.tiny_models import TinySpec, write_tiny_model  # noqa: E402
 
 F32 = np.float32

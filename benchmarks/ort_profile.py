@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 import onnxruntime as ort  # noqa: E402
 
-from devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from models.store import resolve_model  # noqa: E402
+from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
+from edge.models.store import resolve_model  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The contract every backend implements (see shared/design.md)."""
+"""The contract every backend implements (see docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -279,7 +279,7 @@ def _load_graph(onnx_path: Path, dims: Mapping[str, int] | None) -> ir.Model:
                 f"{onnx_path.name}: dims {', '.join(symbolic)} are symbolic; Core ML wants fixed shapes",
                 hint="convert with --static, or give the dims to export",
             )
-        from graph_opt import specialize_shapes
+        from edge.graph_opt import specialize_shapes
 
         specialize_shapes(model, dims)
     unknown = sorted({n.op_type for n in model.graph if n.domain not in ("", "ai.onnx")} | {
@@ -412,8 +412,8 @@ def export_artifact(
     of a static artifact; a dynamic one is exported as a prefill (prefill_chunk tokens) and a decode (1 token)
     package over `capacity` KV slots, the fixed shapes Core ML wants. Returns, per partition, variant ->
     package name."""
-    from models.artifact import open_artifact
-    from models.convert import static_dims
+    from edge.models.artifact import open_artifact
+    from edge.models.convert import static_dims
 
     art = open_artifact(artifact_dir)
     if art.target != "coreml":

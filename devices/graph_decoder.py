@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.registry import check_precision
-from devices.ring_decoder import RingDecoder
-from devices.runners import RUNNERS, Runner, RunnerOptions
+from edge.devices.registry import check_precision
+from edge.devices.ring_decoder import RingDecoder
+from edge.devices.runners import RUNNERS, Runner, RunnerOptions
 from edge.errors import DeviceError, ModelFormatError
-from models.arch import ArchConfig, check_tensor_shapes
-from models.gguf_file import GGUFFile
-from models.onnx_safety import check_onnx_file
-from models.store import cache_dir
-from models.transformer import BuildOptions, Embedder, build_decoder
+from edge.models.arch import ArchConfig, check_tensor_shapes
+from edge.models.gguf_file import GGUFFile
+from edge.models.onnx_safety import check_onnx_file
+from edge.models.store import cache_dir
+from edge.models.transformer import BuildOptions, Embedder, build_decoder
 
 GRAPH_FORMAT = 10  # bump when the graph a builder emits changes, to invalidate cached graphs
 
@@ -104,7 +104,7 @@ def ensure_graph(
     try:
         model = build_decoder(gguf, cfg, build)
         if target is not None:
-            from graph_opt import target_proto
+            from edge.graph_opt import target_proto
 
             model = target_proto(model, target, fuse=fuse, precision=precision)
         onnx.save_model(

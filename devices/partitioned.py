@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.ring_decoder import RingDecoder
-from devices.runners import RUNNERS, Runner, RunnerOptions
+from edge.devices.ring_decoder import RingDecoder
+from edge.devices.runners import RUNNERS, Runner, RunnerOptions
 from edge.errors import DeviceError
-from models.arch import ArchConfig
-from models.store import cache_dir
+from edge.models.arch import ArchConfig
+from edge.models.store import cache_dir
 
 __all__ = ["PartitionGraph", "PartitionedDecoder", "PartitionedOptions", "open_artifact_decoder"]
 
@@ -200,7 +200,7 @@ def open_artifact_decoder(
 ) -> PartitionedDecoder:
     """A decoder over an artifact directory; `placements` is one backend for every partition or a
     (backend, device) per partition."""
-    from models.artifact import open_artifact
+    from edge.models.artifact import open_artifact
 
     art = open_artifact(path)
     n = len(art.partitions)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from devices.discovery import Inventory
-from devices.planner import absent_device_hint
-from devices.registry import BACKENDS
+from edge.devices.discovery import Inventory
+from edge.devices.planner import absent_device_hint
+from edge.devices.registry import BACKENDS
 from edge.errors import BackendUnavailableError, DeviceError
 
 DEVICE_KINDS = ("cpu", "gpu", "npu")

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.base import Decoder
-from devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
-from devices.placement import Placement
-from devices.planner import (
+from edge.devices.base import Decoder
+from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
+from edge.devices.placement import Placement
+from edge.devices.planner import (
     PREFERRED_BACKENDS,
     DeviceProfile,
     Plan,
@@ -30,9 +30,9 @@ from devices.planner import (
     plan,
 )
 from edge.errors import DeviceError, ModelFormatError
-from models.arch import ArchConfig
-from models.artifact import file_sha256
-from models.store import cache_dir
+from edge.models.arch import ArchConfig
+from edge.models.artifact import file_sha256
+from edge.models.store import cache_dir
 
 __all__ = ["PlannedOptions", "open_planned_decoder", "plan_artifact"]
 
@@ -69,7 +69,7 @@ def plan_artifact(
     gguf_path: Path, plan: Plan, options: PlannedOptions, log: Callable[[str], None] | None = None
 ) -> Path:
     """The converted partitions of `plan` for the model at `gguf_path`, built on first use."""
-    from models.convert import ConvertOptions, convert
+    from edge.models.convert import ConvertOptions, convert
 
     static = plan.static
     capacity = min(options.n_ctx, options.static_capacity)
@@ -164,12 +164,12 @@ def open_requested(
     """Open `path` (a GGUF or an `edge convert` artifact) where `request` says: one device keeps the whole
     model on one backend (llama.cpp by default on the CPU); `auto`, `hetero:...` and an emulated NPU go
     through the planner. Returns the decoder, where it runs, and the plan when one was made."""
-    from devices.discovery import discover
-    from devices.placement import place
-    from devices.probe import device_profiles
-    from devices.registry import DecoderOptions, open_decoder
-    from models.artifact import is_artifact, open_artifact
-    from models.gguf_file import open_gguf
+    from edge.devices.discovery import discover
+    from edge.devices.placement import place
+    from edge.devices.probe import device_profiles
+    from edge.devices.registry import DecoderOptions, open_decoder
+    from edge.models.artifact import is_artifact, open_artifact
+    from edge.models.gguf_file import open_gguf
 
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):

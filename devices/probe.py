@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from devices.discovery import Inventory
-from devices.planner import DeviceProfile
-from models.store import cache_dir
+from edge.devices.discovery import Inventory
+from edge.devices.planner import DeviceProfile
+from edge.models.store import cache_dir
 
 __all__ = ["device_profiles", "measure_bandwidth"]
 

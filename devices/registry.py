@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from devices.base import Decoder
+from edge.devices.base import Decoder
 from edge.errors import BackendUnavailableError
 
 __all__ = [
@@ -47,8 +47,8 @@ BackendFactory = Callable[[Path, str, DecoderOptions], Decoder]
 
 
 def _llamacpp(path: Path, device: str, opts: DecoderOptions) -> Decoder:
-    from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
-    from models.artifact import is_artifact, open_artifact
+    from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+    from edge.models.artifact import is_artifact, open_artifact
 
     if is_artifact(path):  # an `edge convert` artifact: llama.cpp runs the GGUF it was converted from
         path = open_artifact(path).source_path()
@@ -57,12 +57,12 @@ def _llamacpp(path: Path, device: str, opts: DecoderOptions) -> Decoder:
 
 def _graph(backend: str) -> BackendFactory:
     def factory(path: Path, device: str, opts: DecoderOptions) -> Decoder:
-        from devices.graph_decoder import GraphDecoder, GraphOptions
-        from models.artifact import is_artifact
-        from models.gguf_file import open_gguf
+        from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+        from edge.models.artifact import is_artifact
+        from edge.models.gguf_file import open_gguf
 
         if is_artifact(path):  # `edge convert` output: its partitions, all on this backend
-            from devices.partitioned import PartitionedOptions, open_artifact_decoder
+            from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
 
             popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
             return open_artifact_decoder(path, backend, device=device, options=popts)

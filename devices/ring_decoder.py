@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from devices.runners import Runner
+from edge.devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
-from kvcache import LayerSpec, RingKVCache, StepView
-from models.arch import ArchConfig
-from models.transformer import layer_kinds
+from edge.kvcache import LayerSpec, RingKVCache, StepView
+from edge.models.arch import ArchConfig
+from edge.models.transformer import layer_kinds
 
 __all__ = ["RingDecoder"]
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from edge.errors import BackendUnavailableError, DeviceError
-from models.onnx_safety import check_onnx_file
+from edge.models.onnx_safety import check_onnx_file
 
 OV_DQ_GROUP = 32  # OpenVINO's default: one int8 scale per 32 activations
 

@@ -23,9 +23,9 @@ from edge.generate import GenerationConfig
 from edge.model import LoadOptions, Result
 from edge.model import Model as Engine
 from edge.model import load as load_engine
+from edge.models.store import PullProgress
 from edge.sampling import SamplingConfig
 from edge.session import KVState
-from models.store import PullProgress
 
 __all__ = ["ChatMessage", "GenerateOptions", "Model", "PullProgress", "Result", "Stream", "load"]
 

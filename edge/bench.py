@@ -19,18 +19,18 @@ from typing import Any
 import numpy as np
 import psutil
 
-from devices.base import Decoder
-from devices.discovery import discover
-from devices.registry import DecoderOptions, open_decoder, require_backend
 from edge import __version__
 from edge.bench_draft import DraftBenchResult, measure_draft
 from edge.bench_peers import PEERS, measure_peer
 from edge.data import read_text
+from edge.devices.base import Decoder
+from edge.devices.discovery import discover
+from edge.devices.registry import DecoderOptions, open_decoder, require_backend
 from edge.errors import EdgeError
+from edge.models.gguf_file import open_gguf
+from edge.models.store import resolve_model
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
-from models.gguf_file import open_gguf
-from models.store import resolve_model
-from models.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["BenchConfig", "BenchReport", "Stat", "bench_prompt", "run_bench", "total_steps"]
 
@@ -264,7 +264,7 @@ class _PeakRss:
 
 def _open(entry: str, path: Path, cfg: BenchConfig) -> Decoder:
     if entry in cfg.plans:
-        from devices.planned import DeviceRequest, PlannedOptions, open_requested
+        from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
 
         emulate = entry == "npu-emulated"
         request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)

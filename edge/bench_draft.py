@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devices.registry import DecoderOptions, open_decoder
+from edge.devices.registry import DecoderOptions, open_decoder
 from edge.drafters import open_drafter
 from edge.generate import Generation, GenerationConfig
+from edge.models.tokenizer import Tokenizer
 from edge.speculative import SpecConfig, SpeculativeDecoding
-from models.tokenizer import Tokenizer
 
 __all__ = ["DraftBenchResult", "measure_draft"]
 

@@ -32,7 +32,7 @@ def _stdin_text() -> str:
 
 
 def _is_model_arg(value: str) -> bool:
-    from models.catalog import CATALOG
+    from edge.models.catalog import CATALOG
 
     artifact = os.path.isfile(os.path.join(value, "manifest.json"))  # edge convert -o DIR
     return value in CATALOG or value.endswith(".gguf") or os.path.isfile(value) or artifact
@@ -185,9 +185,9 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
 
 # -- edge tokenize ---------------------------------------------------------------------------------
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from models.gguf_file import open_gguf
-    from models.store import resolve_model
-    from models.tokenizer import load_tokenizer
+    from edge.models.gguf_file import open_gguf
+    from edge.models.store import resolve_model
+    from edge.models.tokenizer import load_tokenizer
 
     path = resolve_model(args.model)
     tok = load_tokenizer(open_gguf(path).metadata)
@@ -218,9 +218,9 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 # -- edge devices / models / pull ------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
-    from devices.discovery import discover
-    from devices.placement import RUNNABLE_BACKENDS
-    from devices.probe import device_profiles
+    from edge.devices.discovery import discover
+    from edge.devices.placement import RUNNABLE_BACKENDS
+    from edge.devices.probe import device_profiles
 
     inv = discover()
     # the planner's measured bandwidth per (backend, device): cached figures, measured again with --probe
@@ -272,8 +272,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from models.catalog import CATALOG, DEFAULT_MODEL
-    from models.store import is_verified, model_path
+    from edge.models.catalog import CATALOG, DEFAULT_MODEL
+    from edge.models.store import is_verified, model_path
 
     rows = []
     for e in CATALOG.values():
@@ -323,8 +323,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from models.catalog import CATALOG
-    from models.pull import pull
+    from edge.models.catalog import CATALOG
+    from edge.models.pull import pull
 
     entry = CATALOG.get(args.name)
     if entry is None:
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
     run.add_argument(
-        "--draft-device", default="cpu", help="[backend:]device of the draft model (default llamacpp:cpu)"
+        "--draft-device", default="cpu", help="[backend:]device of the draft model (default cpu)"
     )
     run.add_argument("--draft-k", type=int, default=16, help="most tokens drafted per step (default 16)")
     run.add_argument("--max-tokens", type=int, default=256)

@@ -88,10 +88,10 @@ def explain_lines(manifest: dict[str, Any]) -> list[str]:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from graph_opt import QuantSpec
-    from models.catalog import CATALOG
-    from models.convert import ConvertOptions, convert
-    from models.store import resolve_model
+    from edge.graph_opt import QuantSpec
+    from edge.models.catalog import CATALOG
+    from edge.models.convert import ConvertOptions, convert
+    from edge.models.store import resolve_model
 
     quant = QuantSpec(
         args.quant, args.group, args.sym, sensitive_layers=args.sensitive_layers, kl_budget=args.kl_budget
@@ -109,7 +109,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         precision=args.precision,
     )
     if args.target == "coreml":
-        from devices.coreml import check_available
+        from edge.devices.coreml import check_available
 
         check_available()  # before the conversion, not after it
     path = resolve_model(args.model)
@@ -123,8 +123,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     result = convert(path, out, opts, source_name=args.model if args.model in CATALOG else None, log=log)
     m = result.manifest
     if args.target == "coreml":
-        from devices.coreml import export_artifact
-        from models.artifact import record_mlpackages
+        from edge.devices.coreml import export_artifact
+        from edge.models.artifact import record_mlpackages
 
         # a dynamic artifact gets fixed-shape packages too (prefill chunk, decode step): see devices/coreml.py
         packages = export_artifact(

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from devices.base import Decoder, rollback_limit
+from edge.devices.base import Decoder, rollback_limit
 from edge.errors import VocabMismatchError
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
 from edge.session import common_prefix
 
 if TYPE_CHECKING:
-    from models.tokenizer import Tokenizer
+    from edge.models.tokenizer import Tokenizer
 
 __all__ = [
     "Draft",
@@ -261,13 +261,13 @@ def open_drafter(
     """`ngram`, or a draft model (catalog name or path) on `[backend:]device` (default llamacpp)."""
     if spec == "ngram":
         return NgramDrafter()
-    from devices.discovery import discover
-    from devices.placement import place
-    from devices.registry import DecoderOptions, open_decoder
-    from models.catalog import CATALOG
-    from models.gguf_file import open_gguf
-    from models.store import resolve_model
-    from models.tokenizer import load_tokenizer
+    from edge.devices.discovery import discover
+    from edge.devices.placement import place
+    from edge.devices.registry import DecoderOptions, open_decoder
+    from edge.models.catalog import CATALOG
+    from edge.models.gguf_file import open_gguf
+    from edge.models.store import resolve_model
+    from edge.models.tokenizer import load_tokenizer
 
     path = resolve_model(spec)
     gguf = open_gguf(path)

@@ -13,15 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from devices.base import Decoder
-from devices.registry import DecoderOptions, check_precision, open_decoder, require_backend
 from edge.data import read_text
+from edge.devices.base import Decoder
+from edge.devices.registry import DecoderOptions, check_precision, open_decoder, require_backend
 from edge.errors import EdgeError
 from edge.metrics import EvalMetrics, RowStats, compare_rows, summarize
-from models.artifact import is_artifact, open_artifact
-from models.gguf_file import open_gguf
-from models.store import resolve_model
-from models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.artifact import is_artifact, open_artifact
+from edge.models.gguf_file import open_gguf
+from edge.models.store import resolve_model
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["EvalConfig", "EvalResult", "evaluate"]
 

@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from devices.base import Decoder
+from edge.devices.base import Decoder
 from edge.errors import ContextOverflowError, GenerationCancelled
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
+    from edge.models.tokenizer import Tokenizer
     from edge.session import KVSession
     from edge.speculative import DraftStats
-    from models.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

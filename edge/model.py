@@ -11,22 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from devices.base import Decoder
-from devices.placement import Placement
-from devices.planned import DeviceRequest, PlannedOptions, open_requested
-from devices.planner import Plan
-from devices.registry import DecoderOptions, open_decoder
+from edge.devices.base import Decoder
+from edge.devices.placement import Placement
+from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
+from edge.devices.planner import Plan
+from edge.devices.registry import DecoderOptions, open_decoder
 from edge.errors import DeviceError, DeviceLostError, EdgeError, InsufficientMemoryError
 from edge.generate import Generation, GenerationConfig, GenerationStats
+from edge.models.arch import check_block_count
+from edge.models.artifact import is_artifact, open_artifact
+from edge.models.catalog import CATALOG
+from edge.models.chat_template import ChatTemplate, template_from_metadata
+from edge.models.gguf_file import GGUFFile, open_gguf
+from edge.models.store import PullProgress, resolve_model
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.session import KVSession, common_prefix
 from edge.speculative import SpecConfig, SpeculativeDecoding
-from models.arch import check_block_count
-from models.artifact import is_artifact, open_artifact
-from models.catalog import CATALOG
-from models.chat_template import ChatTemplate, template_from_metadata
-from models.gguf_file import GGUFFile, open_gguf
-from models.store import PullProgress, resolve_model
-from models.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -399,7 +399,7 @@ def load(
 ) -> Model:
     """Load a catalog model (pulled on first use; `on_progress` sees the pull, None shows it on stderr) or a
     local .gguf file."""
-    from models.catalog import DEFAULT_MODEL
+    from edge.models.catalog import DEFAULT_MODEL
 
     opts = options or LoadOptions()
     name = model or DEFAULT_MODEL

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from models.gguf_file import GGUFFile
+from edge.models.gguf_file import GGUFFile
 
 __all__ = ["Bandwidth", "WeightBytes", "measure_read_bandwidth", "weight_bytes_per_token"]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from devices.base import Decoder, rollback_limit
+from edge.devices.base import Decoder, rollback_limit
 from edge.generate import window_note
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.base import Decoder, rollback_limit
+from edge.devices.base import Decoder, rollback_limit
 from edge.drafters import Draft, Drafter
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
 

@@ -3,11 +3,11 @@
 Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` runs a target's pipeline.
 """
 
-from graph_opt.attention import attention
-from graph_opt.fold import fold
-from graph_opt.linear import BlockWeight, Linear, emit_linear, find_linears
-from graph_opt.lower import center_codes, float_zero_points, int8_nibbles, lower, lowering_for
-from graph_opt.manager import (
+from edge.graph_opt.attention import attention
+from edge.graph_opt.fold import fold
+from edge.graph_opt.linear import BlockWeight, Linear, emit_linear, find_linears
+from edge.graph_opt.lower import center_codes, float_zero_points, int8_nibbles, lower, lowering_for
+from edge.graph_opt.manager import (
     PASSES,
     TARGETS,
     GraphPass,
@@ -18,9 +18,17 @@ from graph_opt.manager import (
     op_histogram,
     run_passes,
 )
-from graph_opt.partition import LayerRange, parse_ranges, plan_partitions
-from graph_opt.pipeline import FUSIONS, LOWERINGS, PIPELINES, OptimizeResult, optimize, pipeline, target_proto
-from graph_opt.quantize import (
+from edge.graph_opt.partition import LayerRange, parse_ranges, plan_partitions
+from edge.graph_opt.pipeline import (
+    FUSIONS,
+    LOWERINGS,
+    PIPELINES,
+    OptimizeResult,
+    optimize,
+    pipeline,
+    target_proto,
+)
+from edge.graph_opt.quantize import (
     QuantReport,
     QuantSpec,
     collect_hessians,
@@ -34,9 +42,9 @@ from graph_opt.quantize import (
     quantize_int8,
     quantize_weight,
 )
-from graph_opt.rmsnorm import rmsnorm, skip_rmsnorm
-from graph_opt.rotary import rotary
-from graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
+from edge.graph_opt.rmsnorm import rmsnorm, skip_rmsnorm
+from edge.graph_opt.rotary import rotary
+from edge.graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
 
 __all__ = [
     "FUSIONS",

@@ -26,8 +26,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from graph_opt._rules import apply_rules, ensure_opset, ints, source_reshape
-from graph_opt.manager import PassContext, graph_pass
+from edge.graph_opt._rules import apply_rules, ensure_opset, ints, source_reshape
+from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["attention"]
 

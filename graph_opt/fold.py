@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript import optimizer
 
-from graph_opt._rules import cleanup
-from graph_opt.manager import PassContext, graph_pass
+from edge.graph_opt._rules import cleanup
+from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["fold"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx_ir as ir
 
-from graph_opt._rules import const_array, ints
+from edge.graph_opt._rules import const_array, ints
 
 __all__ = ["BlockWeight", "Linear", "emit_linear", "find_linears", "pack_codes", "unpack_codes"]
 

@@ -18,8 +18,8 @@ import numpy as np
 import onnx_ir as ir
 
 from edge.errors import ModelFormatError
-from graph_opt.linear import BlockWeight, emit_linear, find_linears
-from graph_opt.manager import PassContext, graph_pass
+from edge.graph_opt.linear import BlockWeight, emit_linear, find_linears
+from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["center_codes", "float_zero_points", "int8_nibbles", "lower", "lowering_for"]
 

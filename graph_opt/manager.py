@@ -17,7 +17,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from graph_opt._rules import cleanup
+from edge.graph_opt._rules import cleanup
 
 __all__ = [
     "PASSES",

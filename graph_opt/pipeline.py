@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from graph_opt.manager import PASSES, PassContext, PassRecord, run_passes
-from graph_opt.quantize import QuantReport, QuantSpec
+from edge.graph_opt.manager import PASSES, PassContext, PassRecord, run_passes
+from edge.graph_opt.quantize import QuantReport, QuantSpec
 
 __all__ = ["FUSIONS", "LOWERINGS", "PIPELINES", "OptimizeResult", "optimize", "pipeline", "target_proto"]
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from graph_opt.linear import BlockWeight, emit_linear, find_linears
-from graph_opt.manager import PassContext, graph_pass
+from edge.graph_opt.linear import BlockWeight, emit_linear, find_linears
+from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = [
     "QuantSpec",

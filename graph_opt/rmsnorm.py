@@ -12,9 +12,9 @@ from __future__ import annotations
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from graph_opt._rules import apply_rules, const_array, ensure_opset, scalar
-from graph_opt.linear import find_linears
-from graph_opt.manager import PassContext, graph_pass
+from edge.graph_opt._rules import apply_rules, const_array, ensure_opset, scalar
+from edge.graph_opt.linear import find_linears
+from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["rmsnorm", "skip_rmsnorm"]
 

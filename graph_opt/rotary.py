@@ -25,8 +25,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from graph_opt._rules import apply_rules, const_array, ints, scalar, source_reshape
-from graph_opt.manager import PassContext, graph_pass
+from edge.graph_opt._rules import apply_rules, const_array, ints, scalar, source_reshape
+from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["rotary"]
 

@@ -180,4 +180,4 @@ def _vocab_size(metadata: Mapping[str, Any], arch: str) -> int:
 
 def _load_builders() -> None:
     # one module per architecture registers its traits on import
-    from models import gemma3, llama, qwen2  # noqa: F401
+    from edge.models import gemma3, llama, qwen2  # noqa: F401

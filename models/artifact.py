@@ -26,8 +26,8 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType
 
 from edge.errors import ModelFormatError, ModelNotFoundError
-from models.arch import ArchConfig
-from models.gguf_file import GGUFFile, open_gguf
+from edge.models.arch import ArchConfig
+from edge.models.gguf_file import GGUFFile, open_gguf
 
 __all__ = [
     "MANIFEST",
@@ -133,7 +133,7 @@ class Artifact:
 
     def embedder(self) -> Callable[[Sequence[int]], np.ndarray]:
         """Token ids -> hidden [1, q, d] float32, rows decoded from the stored blocks."""
-        from models.weights import dequantize_raw
+        from edge.models.weights import dequantize_raw
 
         e = self._embed
         raw = np.load(self.path / e["file"], mmap_mode="r")
@@ -151,7 +151,7 @@ class Artifact:
     def source_path(self, *, verify: bool = True) -> Path:
         """The GGUF the artifact was converted from (a catalog model by name, else its recorded path); with
         verify, its sha256 must match the manifest's."""
-        from models.store import resolve_model
+        from edge.models.store import resolve_model
 
         name, recorded = self.source.get("name"), self.source.get("path")
         if name:

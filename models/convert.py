@@ -25,15 +25,15 @@ import onnx
 import onnx_ir as ir
 from gguf.constants import GGMLQuantizationType
 
-import graph_opt
+from edge import graph_opt
 from edge.errors import EdgeError
-from graph_opt import LayerRange, PassRecord, QuantReport, QuantSpec
-from kvcache import LayerSpec, RingKVCache
-from models.arch import ArchConfig
-from models.artifact import FORMAT, MANIFEST, embed_scale, file_sha256, is_artifact
-from models.calibration import CALIBRATION_TEXT
-from models.gguf_file import GGUFFile, open_gguf
-from models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
+from edge.graph_opt import LayerRange, PassRecord, QuantReport, QuantSpec
+from edge.kvcache import LayerSpec, RingKVCache
+from edge.models.arch import ArchConfig
+from edge.models.artifact import FORMAT, MANIFEST, embed_scale, file_sha256, is_artifact
+from edge.models.calibration import CALIBRATION_TEXT
+from edge.models.gguf_file import GGUFFile, open_gguf
+from edge.models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
 
 __all__ = ["ConvertOptions", "ConvertResult", "calibration_feeds", "convert", "static_dims"]
 
@@ -100,7 +100,7 @@ def calibration_feeds(
 ) -> list[dict[str, np.ndarray]]:
     """Calibration text (models/calibration.py) as `steps` prefills of `tokens` tokens, each from an empty
     cache: the whole graph's inputs."""
-    from models.tokenizer import load_tokenizer
+    from edge.models.tokenizer import load_tokenizer
 
     try:
         ids = load_tokenizer(gguf.metadata).encode(CALIBRATION_TEXT, parse_special=False)
@@ -181,7 +181,7 @@ def _write_embed(gguf: GGUFFile, cfg: ArchConfig, spec: QuantSpec, out: Path) ->
     """token_embd rows for the numpy embed partition: kept as stored, or at INT8 (Q8_0) under --quant."""
     from gguf.quants import quantize
 
-    from models.weights import dequantize_tensor
+    from edge.models.weights import dequantize_tensor
 
     info = gguf.tensors["token_embd.weight"]
     qtype = GGMLQuantizationType(info.ggml_type)

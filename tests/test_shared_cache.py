@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from models.catalog import CATALOG
-from models.store import cache_dir, is_verified, model_path
+from edge.models.catalog import CATALOG
+from edge.models.store import cache_dir, is_verified, model_path
 from tests.shared_cache import SHARED_CACHE
 
 

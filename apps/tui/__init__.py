@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from apps.tui.app import ChatApp, run_chat
-from apps.tui.settings import ChatSettings
-from apps.tui.storage import Conversation, ConversationStore, Message
+from edge.apps.tui.app import ChatApp, run_chat
+from edge.apps.tui.settings import ChatSettings
+from edge.apps.tui.storage import Conversation, ConversationStore, Message
 
 __all__ = ["ChatApp", "ChatSettings", "Conversation", "ConversationStore", "Message", "main", "run_chat"]
 

@@ -19,12 +19,12 @@ from textual.containers import VerticalScroll
 from textual.reactive import var
 from textual.widgets import Footer, Header, Markdown
 
-from apps.tui.pending import Pending
-from apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
-from apps.tui.settings import ChatSettings
-from apps.tui.stats import Live, ModelInfo, stats_text
-from apps.tui.storage import Conversation, ConversationStore, Message
-from apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
+from edge.apps.tui.pending import Pending
+from edge.apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
+from edge.apps.tui.settings import ChatSettings
+from edge.apps.tui.stats import Live, ModelInfo, stats_text
+from edge.apps.tui.storage import Conversation, ConversationStore, Message
+from edge.apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
 
 if TYPE_CHECKING:
     from textual.timer import Timer
@@ -194,8 +194,8 @@ class ChatApp(App[None]):
 
     @work(thread=True, group="devices")
     def discover_devices(self) -> None:
-        from devices.discovery import discover
-        from devices.placement import RUNNABLE_BACKENDS
+        from edge.devices.discovery import discover
+        from edge.devices.placement import RUNNABLE_BACKENDS
 
         inv = discover()
         found = [
@@ -363,7 +363,7 @@ class ChatApp(App[None]):
         self.notify(f"opened: {conv.title or conv.id}")
 
     def action_settings(self) -> None:
-        from models.catalog import CATALOG
+        from edge.models.catalog import CATALOG
 
         models = [(f"{e.name}{'' if e.chat else ' (base model)'}", e.name) for e in CATALOG.values()]
         devices = self.devices or ["llamacpp:cpu"]
@@ -401,7 +401,7 @@ class ChatApp(App[None]):
 
 
 def _default_model() -> str:
-    from models.catalog import DEFAULT_MODEL
+    from edge.models.catalog import DEFAULT_MODEL
 
     return DEFAULT_MODEL
 

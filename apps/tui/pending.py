@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from apps.tui.stats import Live
+from edge.apps.tui.stats import Live
 
 
 class Pending:

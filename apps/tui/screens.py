@@ -14,8 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Markdown, OptionList, Select
 from textual.widgets.option_list import Option
 
-from apps.tui.settings import ChatSettings
-from apps.tui.storage import Conversation, titles
+from edge.apps.tui.settings import ChatSettings
+from edge.apps.tui.storage import Conversation, titles
 
 KEYS = """\
 # edge chat: keys

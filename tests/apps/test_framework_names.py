@@ -17,7 +17,7 @@ import re
 import textwrap
 from functools import cache
 
-import apps.tui
+import edge.apps.tui
 
 # Hooks Textual documents for subclasses to define.
 HOOK = re.compile(r"^(compose|render|on_.+|action_.+|watch_.+|validate_.+|compute_.+|__\w+__)$")
@@ -76,7 +76,7 @@ def _framework_names(cls: type) -> frozenset[str]:
 
 def _app_classes() -> list[type]:
     found = []
-    for info in pkgutil.walk_packages(apps.tui.__path__, "apps.tui."):
+    for info in pkgutil.walk_packages(edge.apps.tui.__path__, "edge.apps.tui."):
         module = importlib.import_module(info.name)
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if cls.__module__ == module.__name__ and any(_textual(b) for b in cls.__mro__[1:]):

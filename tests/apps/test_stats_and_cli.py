@@ -7,7 +7,7 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 
-from apps.tui.stats import Live, ModelInfo, kv_text, stats_text
+from edge.apps.tui.stats import Live, ModelInfo, kv_text, stats_text
 from edge.session import KVState
 
 
@@ -52,7 +52,7 @@ def test_stats_text_live_and_notes() -> None:
 
 def test_chat_is_registered_as_an_edge_app() -> None:
     (ep,) = entry_points(group="edge.apps", name="chat")
-    assert ep.value == "apps.tui:main"
+    assert ep.value == "edge.apps.tui:main"
 
 
 def test_edge_chat_without_a_terminal_is_one_clear_line() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.tui.storage import Conversation, ConversationStore, Message, default_root
+from edge.apps.tui.storage import Conversation, ConversationStore, Message, default_root
 
 
 def test_round_trip_and_listing(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_stale_temp_files_are_swept(tmp_path: Path) -> None:
 SAVER = """
 import sys
 from pathlib import Path
-from apps.tui.storage import Conversation, ConversationStore, Message
+from edge.apps.tui.storage import Conversation, ConversationStore, Message
 store = ConversationStore(Path(sys.argv[1]))
 conv = Conversation(id="victim")
 for i in range(100000):

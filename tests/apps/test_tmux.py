@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from apps.tui.storage import ConversationStore
+from edge.apps.tui.storage import ConversationStore
 
 pytestmark = [
     pytest.mark.slow,

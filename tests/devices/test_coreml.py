@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from devices.coreml import (
+from edge.devices.coreml import (
     SUPPORTED_OPS,
     check_available,
     export_artifact,
@@ -29,9 +29,9 @@ from devices.coreml import (
     predict,
 )
 from edge.errors import BackendUnavailableError, ModelFormatError
-from graph_opt import QuantSpec
-from models.artifact import open_artifact, record_mlpackages
-from models.convert import ConvertOptions, convert
+from edge.graph_opt import QuantSpec
+from edge.models.artifact import open_artifact, record_mlpackages
+from edge.models.convert import ConvertOptions, convert
 from tests.graph_opt.graphs import ARCHS, feeds_for, run_ort, tiny_config, tiny_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from devices.discovery import BackendDevice, BackendStatus, CpuInfo, Inventory, discover
-from devices.placement import place
+from edge.devices.discovery import BackendDevice, BackendStatus, CpuInfo, Inventory, discover
+from edge.devices.placement import place
 from edge.errors import BackendUnavailableError, DeviceError
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from edge.generate import GenerationConfig
 from edge.model import LoadOptions, load
+from edge.models.store import resolve_model
 from edge.sampling import SamplingConfig
-from models.store import resolve_model
 from tests.shared_cache import share_models
 
 pytestmark = pytest.mark.slow

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
-from graph_opt import QuantSpec
-from models.artifact import open_artifact
-from models.convert import ConvertOptions, convert
-from models.store import resolve_model
-from models.tokenizer import load_tokenizer
+from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
+from edge.graph_opt import QuantSpec
+from edge.models.artifact import open_artifact
+from edge.models.convert import ConvertOptions, convert
+from edge.models.store import resolve_model
+from edge.models.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("edge_cache")]
 
@@ -100,10 +100,10 @@ def test_each_fusion_is_exact_on_smollm2(smollm2: Path) -> None:
     relative: max |diff| / max |value| < 5e-4 per output (measured <= 1.6e-4), both graphs as ORT runs them."""
     import onnxruntime as ort
 
-    import graph_opt
-    from models.arch import ArchConfig
-    from models.gguf_file import open_gguf
-    from models.transformer import build_decoder
+    from edge import graph_opt
+    from edge.models.arch import ArchConfig
+    from edge.models.gguf_file import open_gguf
+    from edge.models.transformer import build_decoder
     from tests.graph_opt.graphs import feeds_for, to_ir, to_proto
 
     g = open_gguf(smollm2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devices.planner import DeviceProfile, ModelProfile, Target, model_profile, parse_device, plan
+from edge.devices.planner import DeviceProfile, ModelProfile, Target, model_profile, parse_device, plan
 from edge.errors import DeviceError
 
 GB = 1 << 30

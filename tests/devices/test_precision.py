@@ -14,10 +14,10 @@ import onnx
 import openvino as ov
 import pytest
 
-from devices.base import Decoder
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.registry import DecoderOptions, open_decoder
-from models.gguf_file import open_gguf
+from edge.devices.base import Decoder
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.registry import DecoderOptions, open_decoder
+from edge.models.gguf_file import open_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def test_centred_codes_hold_the_same_weights(tiny: Path) -> None:
     """graph_opt.center_codes (fast): codes shifted to the default zero point, the shift in the block bias."""
     import onnx_ir as ir
 
-    from graph_opt import find_linears
+    from edge.graph_opt import find_linears
 
     def weights(precision: str) -> dict[str, object]:
         dec = _decoder(tiny, "ort", precision)

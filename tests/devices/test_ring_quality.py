@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.data import read_text
-from models.gguf_file import open_gguf
-from models.store import resolve_model
-from models.tokenizer import load_tokenizer
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.models.gguf_file import open_gguf
+from edge.models.store import resolve_model
+from edge.models.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from edge.bench import BenchConfig
+from edge.models.gguf_file import open_gguf
 from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
-from models.gguf_file import open_gguf
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

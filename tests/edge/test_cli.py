@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from models.store import resolve_model
+from edge.models.store import resolve_model
 from tests.shared_cache import pull_named_models
 
 EDGE = [sys.executable, "-m", "edge.cli"]
@@ -46,7 +46,7 @@ def test_unknown_model_is_one_clear_line() -> None:
 
 
 def test_models_at_80_columns_never_cut_a_name() -> None:
-    from models.catalog import CATALOG
+    from edge.models.catalog import CATALOG
 
     env = {**os.environ, "COLUMNS": "80"}
     proc = subprocess.run([*EDGE, "models"], capture_output=True, text=True, env=env, timeout=60)

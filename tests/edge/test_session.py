@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.base import Decoder
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+from edge.devices.base import Decoder
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.drafters import NgramDrafter
 from edge.generate import Generation, GenerationConfig
+from edge.models.gguf_file import open_gguf
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.session import KVSession, common_prefix
 from edge.speculative import SpeculativeDecoding
-from models.gguf_file import open_gguf
-from models.tokenizer import Tokenizer, load_tokenizer
 from tests.tiny_models import TinySpec, write_tiny_model
 
 CFG = GenerationConfig(max_tokens=12, ignore_eos=True)

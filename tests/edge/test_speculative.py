@@ -22,16 +22,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.base import Decoder
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+from edge.devices.base import Decoder
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.drafters import Drafter, ModelDrafter, NgramDrafter, check_vocab_compatible
 from edge.errors import VocabMismatchError
 from edge.generate import Generation, GenerationConfig
+from edge.models.gguf_file import open_gguf
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.sampling import SamplingConfig, probabilities
 from edge.speculative import AcceptRule, AdaptiveK, SpecConfig, SpeculativeDecoding, rejection_rule
-from models.gguf_file import open_gguf
-from models.tokenizer import Tokenizer, load_tokenizer
 from tests.tiny_models import TinySpec, write_tiny_model
 
 PROMPT = [1, 300, 301, 302, 303, 304, 305]

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import edge
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.generate import Generation, GenerationConfig
+from edge.models.gguf_file import open_gguf
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.session import KVSession
-from models.gguf_file import open_gguf
-from models.tokenizer import Tokenizer, load_tokenizer
 from tests.tiny_models import TinySpec, write_tiny_model
 
 OPENER = 1  # opens every turn of the synthetic conversation (as <|im_start|> does in ChatML)
@@ -196,8 +196,8 @@ def test_partitioned_decoder_pins_the_system_prompt_too(
     model_file: Path, tok: Tokenizer, edge_cache: Path, tmp_path: Path
 ) -> None:
     """An `edge convert` artifact (two partitions, static NPU-shaped graphs) wraps the same way."""
-    from devices.partitioned import PartitionedOptions, open_artifact_decoder
-    from models.convert import ConvertOptions, convert
+    from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
+    from edge.models.convert import ConvertOptions, convert
 
     art = tmp_path / "art"
     convert(

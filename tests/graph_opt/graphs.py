@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from models.arch import ArchConfig
-from models.gguf_file import open_gguf
-from models.transformer import BuildOptions, build_decoder
+from edge.models.arch import ArchConfig
+from edge.models.gguf_file import open_gguf
+from edge.models.transformer import BuildOptions, build_decoder
 from tests.tiny_models import TinySpec, write_tiny_model
 
 ARCHS = ("llama", "qwen2", "gemma3")
@@ -120,7 +120,7 @@ def ops(model: ir.Model | onnx.ModelProto) -> dict[str, int]:
 def token_feeds(model: onnx.ModelProto, path: Path, *, q: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
     """A prefill of q random token ids from an empty cache: embeddings as the model sees them (quantization
     is judged on these; random normal hidden states are far from any embedding a model was built for)."""
-    from models.transformer import Embedder
+    from edge.models.transformer import Embedder
 
     g = open_gguf(path)
     cfg = ArchConfig.from_gguf(g.metadata, set(g.tensors))

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import graph_opt
-from graph_opt import LayerRange
-from models.convert import static_dims
-from models.transformer import BuildOptions
+from edge import graph_opt
+from edge.graph_opt import LayerRange
+from edge.models.convert import static_dims
+from edge.models.transformer import BuildOptions
 from tests.graph_opt.graphs import (
     ARCHS,
     feeds_for,

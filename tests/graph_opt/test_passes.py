@@ -10,9 +10,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-import graph_opt
-from graph_opt import PassContext, run_passes
-from models.arch import ArchConfig
+from edge import graph_opt
+from edge.graph_opt import PassContext, run_passes
+from edge.models.arch import ArchConfig
 from tests.graph_opt.graphs import (
     ARCHS,
     feeds_for,

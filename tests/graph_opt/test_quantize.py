@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import pytest
 
-import graph_opt
-from graph_opt import BlockWeight, PassContext, QuantReport, QuantSpec, run_passes
-from models.transformer import BuildOptions
+from edge import graph_opt
+from edge.graph_opt import BlockWeight, PassContext, QuantReport, QuantSpec, run_passes
+from edge.models.transformer import BuildOptions
 from tests.graph_opt.graphs import (
     ARCHS,
     SPECS,

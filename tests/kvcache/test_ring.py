@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from edge.errors import ContextOverflowError
-from kvcache import LayerKind, LayerSpec, RingKVCache, RollbackError, StepView
+from edge.kvcache import LayerKind, LayerSpec, RingKVCache, RollbackError, StepView
 
 # --- helpers ------------------------------------------------------------------------------------------------
 

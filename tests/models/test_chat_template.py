@@ -7,7 +7,7 @@ import time
 import pytest
 
 from edge.errors import TemplateError
-from models.chat_template import ChatTemplate, TemplateLimits, template_from_metadata
+from edge.models.chat_template import ChatTemplate, TemplateLimits, template_from_metadata
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"

@@ -15,13 +15,13 @@ import numpy as np
 import onnx
 import pytest
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.partitioned import PartitionedOptions, open_artifact_decoder
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
 from edge.errors import EdgeError
-from graph_opt import QuantSpec
-from models.artifact import is_artifact, open_artifact
-from models.convert import ConvertOptions, convert
-from models.gguf_file import open_gguf
+from edge.graph_opt import QuantSpec
+from edge.models.artifact import is_artifact, open_artifact
+from edge.models.convert import ConvertOptions, convert
+from edge.models.gguf_file import open_gguf
 from tests.graph_opt.graphs import ARCHS, tiny_gguf
 
 pytestmark = pytest.mark.usefixtures("edge_cache")

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
 from edge.errors import ModelFormatError
-from models.gguf_file import GGUFFile, GGUFLimits, open_gguf
+from edge.models.gguf_file import GGUFFile, GGUFLimits, open_gguf
 from tests.gguf_factory import (
     TINY_METADATA,
     TINY_TENSORS,
@@ -166,8 +166,8 @@ CATALOG_FILES = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CATALOG_FILES)
 def test_catalog_file_agrees_with_gguf_reader(name: str) -> None:
-    from models.catalog import CATALOG
-    from models.store import model_path, resolve_model
+    from edge.models.catalog import CATALOG
+    from edge.models.store import model_path, resolve_model
 
     path = model_path(CATALOG[name])
     if not path.is_file():

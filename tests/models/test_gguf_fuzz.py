@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge.errors import ModelFormatError
-from models.gguf_file import open_gguf
+from edge.models.gguf_file import open_gguf
 from tests.gguf_factory import write_tiny_gguf
 
 FUZZ = settings(

@@ -13,7 +13,7 @@ import gguf
 import pytest
 
 from edge.errors import ModelFormatError
-from models.gguf_file import GGUFLimits, open_gguf
+from edge.models.gguf_file import GGUFLimits, open_gguf
 from tests.gguf_factory import (
     TINY_METADATA,
     TINY_TENSORS,
@@ -315,7 +315,7 @@ def test_tiny_file_without_trailing_padding_is_valid(
 def test_hint_names_the_catalog_model(
     tiny_layout: tuple[bytes, dict[tuple[str, str, str], int]], tmp_path: Path
 ) -> None:
-    from models.catalog import CATALOG
+    from edge.models.catalog import CATALOG
 
     raw, _ = tiny_layout
     entry = CATALOG["gemma3-270m"]

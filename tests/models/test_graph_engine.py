@@ -29,10 +29,10 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.errors import ContextOverflowError, ModelFormatError
-from models.gguf_file import open_gguf
-from models.weights import supported_types
+from edge.models.gguf_file import open_gguf
+from edge.models.weights import supported_types
 from tests import numpy_reference as ref
 from tests.tiny_models import TinySpec, write_tiny_model
 

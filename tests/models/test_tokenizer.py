@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edge.errors import TokenizerError
-from models.tokenizer import SUPPORTED_PRE_TOKENIZERS, Tokenizer, clean_spaces, load_tokenizer
+from edge.models.tokenizer import SUPPORTED_PRE_TOKENIZERS, Tokenizer, clean_spaces, load_tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 

@@ -18,9 +18,9 @@ import llama_cpp  # a dependency of edge (its reference backend), so no skip whe
 import numpy as np
 import pytest
 
-from models.gguf_file import open_gguf
-from models.store import resolve_model
-from models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.gguf_file import open_gguf
+from edge.models.store import resolve_model
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.models.tokenizer_corpus import corpus
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from edge.errors import ModelFormatError
-from models.gguf_file import GGUFFile, open_gguf
-from models.weights import (
+from edge.models.gguf_file import GGUFFile, open_gguf
+from edge.models.weights import (
     FLOAT_TYPES,
     NBITS_TYPES,
     FloatWeight,
@@ -418,7 +418,7 @@ REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-cod
 def test_real_model_weights(model: str, tmp_path: Path) -> None:
     """Type inventory of a real model; one linear weight of each type imports exactly and runs in ORT and
     OpenVINO; token_embd rows decode like gguf-py."""
-    from models.store import resolve_model
+    from edge.models.store import resolve_model
 
     gguf = open_gguf(resolve_model(model))
     inventory = Counter(T(t.ggml_type).name for t in gguf.tensors.values())

@@ -84,8 +84,8 @@ def exercise_tokenizer(tok: Any, texts: Sequence[str]) -> None:
 
 def gguf_target(data: bytes) -> None:
     from edge.errors import ModelFormatError, TokenizerError
-    from models.gguf_file import open_gguf
-    from models.tokenizer import load_tokenizer
+    from edge.models.gguf_file import open_gguf
+    from edge.models.tokenizer import load_tokenizer
 
     path = scratch_file()
     path.unlink(missing_ok=True)  # a new inode: a mapping of the previous input never sees this one
@@ -151,7 +151,7 @@ def tokenizer_metadata(d: Draw) -> dict[str, Any]:
     """GGUF tokenizer metadata, mostly plausible and lying in drawn ways."""
     import numpy as np
 
-    from models.tokenizer import _gpt2_byte_chars
+    from edge.models.tokenizer import _gpt2_byte_chars
 
     model = d.pick(["llama", "gpt2", "gpt2", "llama", "bert", ""])
     byte_chars = _gpt2_byte_chars()
@@ -227,7 +227,7 @@ def tokenizer_metadata(d: Draw) -> dict[str, Any]:
 
 def tokenizer_target(data: bytes) -> None:
     from edge.errors import TokenizerError
-    from models.tokenizer import load_tokenizer
+    from edge.models.tokenizer import load_tokenizer
 
     d = Draw(data)
     meta = tokenizer_metadata(d)
@@ -302,9 +302,9 @@ def _child_atheris(target: str, argv0: str, flags: Sequence[str]) -> None:
     """libFuzzer (through atheris) on one target; `argv0` is the executable libFuzzer re-runs to merge."""
     import atheris
 
-    with atheris.instrument_imports(include=["models", "edge"]):
-        import models.gguf_file
-        import models.tokenizer  # noqa: F401
+    with atheris.instrument_imports(include=["edge"]):
+        import edge.models.gguf_file
+        import edge.models.tokenizer  # noqa: F401
     atheris.Setup([argv0, *flags], TARGETS[target])
     atheris.Fuzz()
 

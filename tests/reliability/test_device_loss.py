@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import DeviceError, DeviceLostError
 from edge.generate import GenerationConfig
 from edge.model import LoadOptions, Model, load
-from models.gguf_file import open_gguf
+from edge.models.gguf_file import open_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
 
 CFG = GenerationConfig(max_tokens=12, ignore_eos=True)

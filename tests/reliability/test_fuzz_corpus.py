@@ -29,7 +29,7 @@ def test_seeded_mutations_run_cleanly(target: str) -> None:
 
 
 def test_the_gguf_seeds_cover_valid_files() -> None:
-    from models.gguf_file import open_gguf
+    from edge.models.gguf_file import open_gguf
 
     valid = [
         f for f in sorted((fuzz.CORPUS / "gguf").iterdir()) if f.name.startswith(("tiny", "tokenizer", "one"))

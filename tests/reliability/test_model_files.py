@@ -20,8 +20,8 @@ from gguf import GGUFValueType as V
 from edge.errors import EdgeError, InsufficientMemoryError, ModelFormatError, TokenizerError
 from edge.generate import GenerationConfig
 from edge.model import LoadOptions, estimate_memory, load
-from models.gguf_file import open_gguf
-from models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.gguf_file import open_gguf
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.gguf_factory import craft_gguf, pack_kv, pack_string, pack_tensor_info
 from tests.models.test_tokenizer import tiny_bpe_meta
 from tests.reliability.conftest import assert_one_line_error, cli
@@ -345,7 +345,7 @@ LYING_HPARAMS: dict[str, dict[str, object]] = {
 def test_lying_hyper_parameters_in_the_graph_engine(
     case: str, tiny_model: Path, tmp_path: Path, graph_cache: Path
 ) -> None:
-    from devices.graph_decoder import GraphDecoder, GraphOptions
+    from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 
     path = rewrite_gguf(tiny_model, tmp_path / f"{case}.gguf", LYING_HPARAMS[case])
     start = time.perf_counter()

@@ -12,9 +12,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from devices.runners import RUNNERS, RunnerOptions
+from edge.devices.runners import RUNNERS, RunnerOptions
 from edge.errors import ModelFormatError
-from models.onnx_safety import check_onnx_file
+from edge.models.onnx_safety import check_onnx_file
 
 N = 256  # floats in the external tensor (1 KiB)
 SECRET = np.arange(N, dtype=np.float32) + 1000.0  # what a hostile location would read

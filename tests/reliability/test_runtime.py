@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import DeviceError, EdgeError, GenerationCancelled
 from edge.generate import Generation, GenerationConfig
 from edge.model import LoadOptions, load
-from models.gguf_file import GGUFFile, open_gguf
-from models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.gguf_file import GGUFFile, open_gguf
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.tiny_models import TinySpec, write_tiny_model
 
 PROMPT = np.random.default_rng(1).integers(3, 320, 200).tolist()

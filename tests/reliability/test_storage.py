@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from models.catalog import CatalogEntry, WheelPart
-from models.gguf_file import open_gguf
-from models.store import is_verified, model_path
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.gguf_file import open_gguf
+from edge.models.store import is_verified, model_path
 from tests.reliability.conftest import ROOT
 from tests.shared_cache import share_models
 
@@ -72,8 +72,8 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CatalogEntry,
 
 PULL = """
 import json, sys
-from models.catalog import CatalogEntry, WheelPart
-from models.pull import pull
+from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.pull import pull
 e = json.loads(sys.argv[1])
 e["parts"] = tuple(WheelPart(**p) for p in e["parts"])
 pull(CatalogEntry(**e))
@@ -209,8 +209,8 @@ def test_damaged_cache_entry_is_rebuilt(
 
 BUILD = """
 import sys
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from models.gguf_file import open_gguf
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.models.gguf_file import open_gguf
 GraphDecoder(open_gguf(sys.argv[1]), GraphOptions(capacity=64, threads=1))
 """
 

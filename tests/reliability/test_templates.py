@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edge.errors import TemplateError
-from models.chat_template import ChatTemplate, TemplateLimits
+from edge.models.chat_template import ChatTemplate, TemplateLimits
 from tests.reliability.conftest import assert_one_line_error, cli
 from tests.reliability.ggufs import rewrite_gguf
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devices.graph_decoder import GraphDecoder, GraphOptions
-from devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import ContextOverflowError
 from edge.generate import Generation, GenerationConfig, _StopMatcher
 from edge.model import LoadOptions, load
-from models.gguf_file import open_gguf
-from models.store import resolve_model
-from models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.gguf_file import open_gguf
+from edge.models.store import resolve_model
+from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.reliability.conftest import assert_one_line_error, cli
 
 # --- invalid UTF-8 and lone surrogates in input -------------------------------------------------------------
