@@ -46,7 +46,7 @@ class Failed:
     error: BaseException
 
 
-@dataclass
+@dataclass(eq=False)  # identity: jobs sit in sets and queues
 class Job:
     """One generation: `run(model, cancel)` is called on a worker thread with a replica and must return the
     Result; it reports text pieces through `emit`."""
