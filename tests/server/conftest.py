@@ -23,7 +23,9 @@ LONG_CTX = 32768  # the tiny model's context: room for generations long enough t
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
-    return write_tiny_model(path, TinySpec(chat_template=TEMPLATE, ctx=LONG_CTX, seed=5))
+    return write_tiny_model(
+        path, TinySpec(chat_template=TEMPLATE, ctx=LONG_CTX, seed=1)
+    )  # seed 1: greedy runs on without EOS
 
 
 @pytest.fixture
