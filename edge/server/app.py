@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.api import Model
+from edge.api import GenerateOptions, Model, Stream
 from edge.errors import ContextOverflowError, EdgeError, ModelNotFoundError, TemplateError
 from edge.model import Result
 from edge.server import protocol as p
@@ -91,6 +91,9 @@ def _loc(loc: tuple[Any, ...]) -> str | None:
 
 
 # -- the request, prepared -------------------------------------------------------------------------
+Runner = Callable[[Model, Callable[[], bool], Callable[[str], None]], Result]
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A validated request: its prompt ids, how to run it and what it asked for."""
@@ -98,9 +101,32 @@ class Prepared:
     model: str
     sched: Scheduler
     prompt_ids: list[int]
-    run: Callable[[Model, Callable[[], bool], Callable[[str], None]], Result]
+    run: Runner
     stream: bool
     include_usage: bool
+
+
+def _render(sched: Scheduler, messages: list[dict[str, str]]) -> tuple[list[int], int]:
+    """A conversation's prompt ids and its system prompt span, rendered once, here, for every replica.
+    NOTE: one template renders at a time (its sandbox keeps one deadline per template)."""
+    engine = sched.replicas[0].engine
+    with sched.render_lock:
+        return engine.encode_prompt(engine.render_chat(messages)), engine.system_span(messages)
+
+
+def _runner(ids: list[int], opts: dict[str, Any], keep: int | None) -> Runner:
+    """The job's body: generate from the prompt ids on the replica it is given (reusing its KV prefix)."""
+    config = GenerateOptions(**opts).config()  # invalid options are a 400 before the job is queued
+
+    def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
+        stream = Stream(model.engine.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep))
+        with stream:
+            for piece in stream:
+                emit(piece)
+        assert stream.result is not None
+        return stream.result
+
+    return run
 
 
 class Handlers:
@@ -136,17 +162,12 @@ class Handlers:
             raise p.UnsupportedValue("messages", f"at most {self.limits.max_messages} messages per request")
         messages = req.chat_messages()
         sched = await self._scheduler(req.model)
-        first = sched.replicas[0]
-        ids = await run_in_threadpool(first.chat_ids, messages)
-        n_ctx = first.engine.decoder.n_ctx
+        ids, keep = await run_in_threadpool(_render, sched, messages)
+        n_ctx = sched.replicas[0].engine.decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "messages")
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, param, len(ids), n_ctx)}
-
-        def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
-            return model.chat(messages, cancel=cancel, on_text=emit, **opts)
-
-        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage)
+        return Prepared(req.model, sched, ids, _runner(ids, opts, keep), req.stream, req.include_usage)
 
     async def _prepare_completion(self, body: bytes) -> Prepared:
         req = p.CompletionRequest.model_validate_json(body)
@@ -158,11 +179,7 @@ class Handlers:
         n_ctx = first.engine.decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "prompt")
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, "max_tokens", len(ids), n_ctx)}
-
-        def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
-            return model.generate(prompt, raw=True, cancel=cancel, on_text=emit, **opts)
-
-        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage)
+        return Prepared(req.model, sched, ids, _runner(ids, opts, None), req.stream, req.include_usage)
 
     # -- endpoints -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:

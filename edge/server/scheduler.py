@@ -142,6 +142,7 @@ class Scheduler:
         self.name = replicas[0].name
         self.queue_size = queue_size
         self._lock = threading.Lock()
+        self.render_lock = threading.Lock()  # chat templates render one at a time (see app._render)
         self._queue: deque[Job] = deque()
         self._workers = [_Worker(self, m, i) for i, m in enumerate(replicas)]
         self._idle = list(self._workers)

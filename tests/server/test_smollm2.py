@@ -4,7 +4,7 @@ completions, KV reuse of a resent history, and a disconnect that frees the model
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -66,3 +66,17 @@ def test_disconnect_frees_smollm2_within_one_token(smol: Server) -> None:
     record = sched.records[-1]
     assert record.stop_reason == "cancelled" and record.polls_after_cancel is not None
     assert record.polls_after_cancel <= 1
+
+
+def test_a_pulled_catalog_model_loads_on_demand_only_with_models_max(
+    start_server: Callable[..., Server],
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+    one = start_server()  # the tiny model only: smollm2 is neither listed nor loaded
+    assert MODEL not in [m["id"] for m in httpx.get(one.url + "/v1/models").json()["data"]]
+    assert httpx.post(one.url + "/v1/chat/completions", json=body).status_code == 404
+    two = start_server(models_max=2)
+    assert MODEL in [m["id"] for m in httpx.get(two.url + "/v1/models").json()["data"]]
+    r = httpx.post(two.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["model"] == MODEL
+    assert set(two.registry.loaded()) == {"tiny.gguf", MODEL}
