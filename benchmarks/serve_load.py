@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -96,20 +97,27 @@ def one_request(url: str, model: str, prompt: str, max_tokens: int) -> dict[str,
         "stream_options": {"include_usage": True},
     }
     t0 = time.perf_counter()
-    ttft, chunks, usage = None, 0, None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        if r.status_code != 200:
-            return {"ok": False, "status": r.status_code}
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                usage = event["usage"]
-            for choice in event.get("choices") or []:
-                if (choice.get("delta") or {}).get("content"):
-                    chunks += 1
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+    ttft, chunks, usage, done = None, 0, None, False
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+            if r.status_code != 200:
+                return {"ok": False, "error": f"HTTP {r.status_code}"}
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                if not line.startswith("data: ") or done:
+                    continue
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    usage = event["usage"]
+                for choice in event.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        ttft = ttft if ttft is not None else time.perf_counter() - t0
+    except httpx.HTTPError as exc:  # e.g. llama_cpp.server interrupts a stream when another request comes
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    if not done:
+        return {"ok": False, "error": "the stream ended without [DONE]"}
     tokens = usage["completion_tokens"] if usage else chunks
     return {"ok": True, "tokens": tokens, "ttft_s": ttft or 0.0, "s": time.perf_counter() - t0}
 
@@ -132,6 +140,7 @@ def load(url: str, model: str, clients: int, per_client: int, max_tokens: int) -
         t.join()
     wall = time.perf_counter() - t0
     ok = [r for r in results if r["ok"]]
+    errors = sorted({r["error"] for r in results if not r["ok"]})
     tokens = sum(r["tokens"] for r in ok)
     ttfts = sorted(r["ttft_s"] for r in ok)
     return {
@@ -139,12 +148,25 @@ def load(url: str, model: str, clients: int, per_client: int, max_tokens: int) -
         "requests": len(results),
         "completed": len(ok),
         "dropped": len(results) - len(ok),
+        "errors": errors[:3],
         "tokens": tokens,
         "wall_s": round(wall, 2),
         "aggregate_tok_s": round(tokens / wall, 1),
         "ttft_median_s": round(ttfts[len(ttfts) // 2], 3) if ttfts else None,
         "ttft_max_s": round(ttfts[-1], 3) if ttfts else None,
     }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median aggregate tok/s, with every run's figure and all drops summed."""
+    ordered = sorted(runs, key=lambda r: r["aggregate_tok_s"])
+    mid = dict(ordered[len(ordered) // 2])
+    mid["rounds_tok_s"] = [r["aggregate_tok_s"] for r in runs]
+    mid["dropped"] = sum(r["dropped"] for r in runs)
+    mid["requests"] = sum(r["requests"] for r in runs)
+    mid["completed"] = sum(r["completed"] for r in runs)
+    mid["errors"] = sorted({e for r in runs for e in r["errors"]})[:3]
+    return mid
 
 
 def rss_run(url: str, model: str, pid: int, n: int) -> dict[str, Any]:
@@ -171,6 +193,7 @@ def main() -> int:
     ap.add_argument("--servers", default="edge:1,edge:2,llama_cpp", help="edge:PARALLEL and/or llama_cpp")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2, help="requests per client")
+    ap.add_argument("--rounds", type=int, default=3, help="single/concurrent rounds per server (median kept)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx-size", type=int, default=2048)
@@ -185,8 +208,11 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         try:
             one_request(url, args.model, "Hi", 8)  # warm-up
-            single = load(url, args.model, 1, args.requests, args.max_tokens)
-            many = load(url, args.model, args.clients, args.requests, args.max_tokens)
+            singles, manys = [], []
+            for _ in range(args.rounds):  # alternated, so drifting machine load hits both alike
+                singles.append(load(url, args.model, 1, args.requests, args.max_tokens))
+                manys.append(load(url, args.model, args.clients, args.requests, args.max_tokens))
+            single, many = median_run(singles), median_run(manys)
             row = {"server": kind, "single": single, "concurrent": many,
                    "speedup": round(many["aggregate_tok_s"] / single["aggregate_tok_s"], 2)}  # fmt: skip
             if args.rss and kind.startswith("edge"):
@@ -203,6 +229,7 @@ def main() -> int:
         "threads": args.threads,
         "max_tokens": args.max_tokens,
         "machine": machine,
+        "load_average_at_end": os.getloadavg(),  # other work on the machine skews every figure
         "rows": rows,
     }
     name = args.out or f"{out['date']}-serve-load-{args.model}"
@@ -212,7 +239,9 @@ def main() -> int:
         f"# edge serve under load: {args.model}, {args.clients} streaming clients x {args.requests} requests, "
         f"max_tokens {args.max_tokens}, greedy",
         "",
-        f"Machine: {machine}",
+        f"Machine: {machine}; load average at the end {os.getloadavg()[0]:.1f} (other work on it).",
+        "Aggregate tok/s = completion tokens of all requests / wall time; median of "
+        f"{args.rounds} alternated rounds (every round's figure in the .json).",
         "",
         f"| server | 1 client tok/s | {args.clients} clients tok/s | speedup | dropped | TTFT median / max ({args.clients} clients) |",
         "|---|---|---|---|---|---|",
@@ -223,6 +252,9 @@ def main() -> int:
             f"| {r['server']} | {s['aggregate_tok_s']} | {m['aggregate_tok_s']} | {r['speedup']}x | "
             f"{m['dropped']} | {m['ttft_median_s']} / {m['ttft_max_s']} s |"
         )
+    for r in rows:
+        if r["concurrent"]["errors"]:
+            lines.append(f"\n{r['server']} errors under {args.clients} clients: {r['concurrent']['errors']}")
     for r in rows:
         if "rss" in r:
             x = r["rss"]

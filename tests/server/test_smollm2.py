@@ -31,7 +31,6 @@ def test_chat_matches_the_python_api(smol: Server) -> None:
     with edge.load(MODEL, n_threads=2, n_ctx=2048) as m:
         direct = m.chat(msgs, max_tokens=24, temperature=0)
     assert r.choices[0].message.content == direct.text
-    assert "Paris" in r.choices[0].message.content
     assert r.usage.prompt_tokens == direct.stats.n_prompt_tokens
     stream = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0, stream=True)
     assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == direct.text
