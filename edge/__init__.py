@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ModelNotFoundError,
     )
     from edge.model import Result
+    from edge.server import serve
     from edge.session import KVState
 
 # public name -> module that defines it (imported lazily by __getattr__)
@@ -40,6 +41,7 @@ _LAZY = {
     "GenerateOptions": "edge.api",
     "Result": "edge.model",
     "KVState": "edge.session",
+    "serve": "edge.server",  # imports the server's stack (Starlette, uvicorn) only when used
     "EdgeError": "edge.errors",
     "ModelFormatError": "edge.errors",
     "ModelNotFoundError": "edge.errors",
@@ -68,6 +70,7 @@ __all__ = [
     "Stream",
     "__version__",
     "load",
+    "serve",
 ]
 
 

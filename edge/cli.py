@@ -591,8 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     from edge.convert_cli import add_parser as add_convert
+    from edge.server.cli import add_parser as add_serve
 
     add_convert(sub)
+    add_serve(sub)
     return parser
 
 

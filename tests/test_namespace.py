@@ -4,6 +4,7 @@ site-packages, so an app with its own `models` package and `devices.py` module i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import models
 from models.user import User
 
 import edge
+import edge.models
 
 assert models.__file__.startswith({app!r}), models.__file__
 assert devices.KIND == "the app's own"
@@ -38,7 +40,7 @@ def test_an_app_with_its_own_models_package_runs_edge(tmp_path: Path) -> None:
     site = (
         tmp_path / "site"
     )  # a regular (non-editable) install of edge alone; its dependencies are this venv's
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
     proc = subprocess.run([*pip, "--target", str(site), str(ROOT)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     top = sorted(p.name for p in site.iterdir() if not p.name.endswith((".dist-info", ".egg-info")))
@@ -59,3 +61,19 @@ def test_an_app_with_its_own_models_package_runs_edge(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("ok ada"), run.stdout
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject lists the packages (the folders map to edge.<folder>): a new one must be listed too."""
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = set(
+        re.findall(r'^\s*"(edge(?:\.[a-z_]+)*)",$', text.split("packages = [")[1].split("]")[0], re.M)
+    )
+    folders = {"edge": "edge", "apps": "edge.apps", "devices": "edge.devices", "graph_opt": "edge.graph_opt"}
+    folders |= {"kvcache": "edge.kvcache", "models": "edge.models"}
+    found = set()
+    for folder, name in folders.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join([name, *rel]))
+    assert found == listed, (sorted(found - listed), sorted(listed - found))

@@ -30,6 +30,7 @@ class TinySpec:
     weight_type: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32
     tied: bool = False  # no output.weight: the head reuses token_embd (gemma3 always)
     seed: int = 0
+    chat_template: str | None = None  # tokenizer.chat_template, when the test needs one
 
 
 def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
@@ -81,6 +82,8 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
+    if spec.chat_template is not None:
+        w.add_chat_template(spec.chat_template)
 
     d, hd, ff, v = spec.n_embd, spec.head_dim, spec.n_ff, spec.n_vocab
     q = spec.weight_type

@@ -1,0 +1,93 @@
+"""`edge serve [MODEL...]`: the OpenAI-compatible server on the command line (the parser and its command)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+from typing import Any
+
+__all__ = ["add_parser", "cmd_serve"]
+
+
+def add_parser(sub: Any) -> None:
+    srv = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server on this machine (loopback by default)"
+    )
+    srv.add_argument(
+        "models", nargs="*", metavar="MODEL", help="catalog names or .gguf paths (default smollm2-135m)"
+    )
+    srv.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need a key)"
+    )
+    srv.add_argument("--port", type=int, default=8080, help="default 8080 (0: a free port)")
+    srv.add_argument(
+        "--api-key", default=None, help="require Authorization: Bearer KEY (default $EDGE_API_KEY)"
+    )
+    srv.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow this web origin (repeatable)",
+    )
+    srv.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept this Host header besides the loopback names (repeatable)",
+    )
+    srv.add_argument(
+        "--models-max",
+        type=int,
+        default=None,
+        help="models held at once; above those named, pulled ones load on demand",
+    )
+    srv.add_argument(
+        "--parallel", type=int, default=1, help="replicas per model: requests served at once (threads split)"
+    )
+    srv.add_argument(
+        "--queue", type=int, default=32, help="requests waiting per model before 429 (default 32)"
+    )
+    srv.add_argument("--max-tokens", type=int, default=4096, help="the most new tokens a request may ask for")
+    srv.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,...")
+    srv.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
+    srv.add_argument("--fallback", nargs="?", const="cpu", default=None, metavar="DEVICE")
+    srv.add_argument("--precision", choices=("fast", "exact"), default="fast")
+    srv.add_argument("--ctx-size", type=int, default=4096)
+    srv.add_argument("--threads", type=int, default=None)
+    srv.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    srv.add_argument("--draft-device", default="cpu")
+    srv.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from edge.api import load
+    from edge.server.config import Limits
+    from edge.server.runner import serve
+
+    load_opts: dict[str, Any] = {
+        "device": args.device,
+        "backend": args.backend,
+        "fallback": args.fallback or False,
+        "n_ctx": args.ctx_size,
+        "n_threads": args.threads,
+        "draft": args.draft,
+        "draft_device": args.draft_device,
+    }
+    if "precision" in inspect.signature(load).parameters:
+        load_opts["precision"] = args.precision
+    serve(
+        args.models,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("EDGE_API_KEY") or None,
+        cors_origins=args.cors_origin,
+        allowed_hosts=args.allowed_host,
+        models_max=args.models_max,
+        parallel=args.parallel,
+        limits=Limits(max_tokens=args.max_tokens, queue_size=args.queue),
+        **load_opts,
+    )
+    return 0

@@ -1,0 +1,90 @@
+"""The server's settings, in small frozen dataclasses, and the one check made before anything binds."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from edge.errors import EdgeError
+
+__all__ = ["Limits", "LoadSettings", "ServerConfig", "UnsafeBindError", "check_bind", "is_loopback"]
+
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.", "ip6-localhost", "ip6-loopback"})
+
+
+class UnsafeBindError(EdgeError):
+    """The server was asked to listen beyond this machine without an API key."""
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """What `edge.load` gets for every model the server loads (the `edge serve` flags)."""
+
+    device: str = "cpu"
+    backend: str | None = None
+    fallback: bool | str = False
+    precision: str = "fast"
+    n_ctx: int = 4096
+    n_threads: int | None = None  # None: the physical cores, split between the replicas
+    draft: str | None = None
+    draft_device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask, so none can exhaust memory (413 / 400 beyond them)."""
+
+    max_body_bytes: int = 2 << 20
+    max_messages: int = 512
+    max_prompt_tokens: int | None = None  # None: the model's context size
+    max_tokens: int = 4096  # the most new tokens one request may ask for
+    queue_size: int = 32  # requests waiting per model beyond those running (429 when full)
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_messages", "max_tokens", "queue_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    models: tuple[str, ...] = ()  # catalog names or .gguf paths loaded at start (empty: the default model)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # Host header names accepted besides the loopback ones
+    models_max: int = (
+        1  # models held at once; above the ones named at start, pulled catalog models load on demand
+    )
+    parallel: int = 1  # replicas of each model: requests run on this many at once
+    load: LoadSettings = field(default_factory=LoadSettings)
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1 (got {self.parallel})")
+        if self.models_max < max(1, len(self.models)):
+            raise ValueError(f"models_max ({self.models_max}) is below the {len(self.models)} models named")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535 (got {self.port})")
+
+
+def is_loopback(host: str) -> bool:
+    """True for a name or address that only this machine reaches."""
+    name = host.strip().lower().strip("[]")
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(config: ServerConfig) -> None:
+    """Refuse to listen beyond loopback without an API key."""
+    if not is_loopback(config.host) and not config.api_key:
+        raise UnsafeBindError(
+            f"refusing to listen on {config.host} without an API key: anyone who reaches it could use the model",
+            hint="pass --api-key KEY (or set EDGE_API_KEY), or keep the default --host 127.0.0.1",
+        )

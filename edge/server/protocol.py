@@ -1,0 +1,308 @@
+"""OpenAI's request and response shapes (chat completions, completions, models, errors) as pydantic models.
+
+Requests ignore fields they do not know; a known field with a value edge does not support is a 400 that names
+the field (`UnsupportedValue`), never silently dropped. Responses carry edge's own statistics in one extra
+field, `edge`, which OpenAI clients ignore.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "ErrorBody",
+    "UnsupportedValue",
+    "Usage",
+    "chat_chunk",
+    "chat_response",
+    "completion_chunk",
+    "completion_response",
+    "error_body",
+    "finish_reason",
+    "models_response",
+    "new_id",
+]
+
+
+class UnsupportedValue(ValueError):
+    """A known request field holds a value edge does not support (HTTP 400 naming `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class Message(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self, where: str) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        pieces = []
+        for i, part in enumerate(self.content):
+            if part.type != "text" or part.text is None:
+                raise UnsupportedValue(
+                    f"{where}.content[{i}]", f"only text content parts are supported, not {part.type!r}"
+                )
+            pieces.append(part.text)
+        return "".join(pieces)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _Sampling(_Request):
+    """The fields chat completions and completions share."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | int | None = None
+    # llama.cpp's servers take these too
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+
+    def check_common(self) -> None:
+        if self.n not in (None, 1):
+            raise UnsupportedValue("n", "only n=1 is supported")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise UnsupportedValue(name, f"{name} is not supported (use repeat_penalty)")
+        if self.logit_bias:
+            raise UnsupportedValue("logit_bias", "logit_bias is not supported")
+        if self.logprobs not in (None, False, 0):
+            raise UnsupportedValue("logprobs", "logprobs are not supported")
+        if self.stop is not None:
+            stops = [self.stop] if isinstance(self.stop, str) else self.stop
+            if len(stops) > 16 or any(not s for s in stops):
+                raise UnsupportedValue("stop", "stop takes at most 16 non-empty strings")
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedValue("stream_options", "stream_options is only allowed with stream=true")
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def sampling(self) -> dict[str, Any]:
+        """`edge.GenerateOptions` fields the request sets (OpenAI's default temperature is 1)."""
+        opts: dict[str, Any] = {"temperature": 1.0 if self.temperature is None else self.temperature}
+        for name in ("top_p", "seed", "top_k", "min_p", "repeat_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                opts[name] = value
+        if self.stop is not None:
+            opts["stop"] = self.stops()
+        return opts
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.tools:
+            raise UnsupportedValue("tools", "tool calls are not supported")
+        if self.tool_choice not in (None, "none"):
+            raise UnsupportedValue("tool_choice", "tool calls are not supported")
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise UnsupportedValue("response_format", "only response_format type 'text' is supported")
+        for i, m in enumerate(self.messages):
+            if m.role == "tool":
+                raise UnsupportedValue(f"messages[{i}].role", "tool messages are not supported")
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The conversation as the chat template takes it (a developer message is a system message)."""
+        out = []
+        for i, m in enumerate(self.messages):
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": m.text(f"messages[{i}]")})
+        return out
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise UnsupportedValue("prompt", "only one prompt per request is supported")
+        if self.echo:
+            raise UnsupportedValue("echo", "echo is not supported")
+        if self.suffix:
+            raise UnsupportedValue("suffix", "suffix (insertion) is not supported")
+        if self.best_of not in (None, 1):
+            raise UnsupportedValue("best_of", "only best_of=1 is supported")
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_tokens
+
+
+# -- responses (plain dicts in OpenAI's shape) -----------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+def error_body(
+    message: str, type_: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": ErrorBody(message=message, type=type_, param=param, code=code).model_dump()}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason(stop_reason: str) -> str:
+    """edge's stop reason as OpenAI's finish_reason."""
+    return "length" if stop_reason in ("length", "context") else "stop"
+
+
+def models_response(names: list[str], created: int) -> dict[str, Any]:
+    data = [{"id": n, "object": "model", "created": created, "owned_by": "edge"} for n in names]
+    return {"object": "list", "data": data}
+
+
+def chat_response(
+    rid: str, model: str, text: str, finish: str, usage: Usage, extra: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+        "usage": usage.model_dump(exclude_none=True),
+        "edge": extra,
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    delta: dict[str, str] | None,
+    finish: str | None = None,
+    usage: Usage | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One stream chunk; `delta=None` is the usage-only chunk (no choices) that include_usage asks for."""
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage.model_dump(exclude_none=True)
+    if extra is not None:
+        chunk["edge"] = extra
+    return chunk
+
+
+def completion_response(
+    rid: str, model: str, text: str, finish: str, usage: Usage, extra: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "usage": usage.model_dump(exclude_none=True),
+        "edge": extra,
+    }
+
+
+def completion_chunk(
+    rid: str,
+    model: str,
+    created: int,
+    text: str | None,
+    finish: str | None = None,
+    usage: Usage | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": []
+        if text is None
+        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage.model_dump(exclude_none=True)
+    if extra is not None:
+        chunk["edge"] = extra
+    return chunk

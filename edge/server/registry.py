@@ -1,0 +1,155 @@
+"""Which models the server may serve, and loading them.
+
+A request names a model by its id: one of the models named at start (a catalog name, or a file's name for a
+path given on the command line) or, with `--models-max` above their count, a catalog model already pulled into
+the cache. A request never reaches the file system with a name of its own: anything else is unknown (404).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import edge.api
+from edge.errors import EdgeError, ModelNotFoundError
+from edge.server.config import LoadSettings, ServerConfig
+from edge.server.scheduler import Scheduler
+
+__all__ = ["ModelBusyError", "Registry"]
+
+log = logging.getLogger("edge.server")
+
+
+class ModelBusyError(EdgeError):
+    """`--models-max` models are loaded and all of them are serving requests."""
+
+
+Loader = Callable[[str, LoadSettings, int | None], edge.api.Model]
+
+
+def load_model(ref: str, settings: LoadSettings, n_threads: int | None) -> edge.api.Model:
+    return edge.api.load(
+        ref,
+        device=settings.device,
+        backend=settings.backend,
+        draft=settings.draft,
+        fallback=settings.fallback,
+        n_ctx=settings.n_ctx,
+        n_threads=n_threads,
+        draft_device=settings.draft_device,
+        precision=settings.precision,
+    )
+
+
+@dataclass(frozen=True)
+class _Known:
+    ref: str  # what edge.load gets: a catalog name, or the path named at start
+    pinned: bool  # named at start: never unloaded
+
+
+class Registry:
+    def __init__(self, config: ServerConfig, loader: Loader = load_model) -> None:
+        self.config = config
+        self._loader = loader
+        self._lock = threading.Lock()  # one load at a time
+        self._loaded: dict[str, Scheduler] = {}
+        self._known: dict[str, _Known] = {}
+        self.created = int(time.time())
+
+    # -- names -----------------------------------------------------------------------------------
+    def _catalog_pulled(self) -> list[str]:
+        from edge.models.catalog import CATALOG
+        from edge.models.store import is_verified
+
+        return [name for name, entry in CATALOG.items() if is_verified(entry)]
+
+    def names(self) -> list[str]:
+        """Model ids a request may name."""
+        names = list(self._known)
+        if self.config.models_max > sum(k.pinned for k in self._known.values()):
+            names += [n for n in self._catalog_pulled() if n not in names]
+        return names
+
+    # -- loading ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the models named at start (the catalog default when none is)."""
+        from edge.models.catalog import DEFAULT_MODEL
+
+        for ref in self.config.models or (DEFAULT_MODEL,):
+            sched = self._load(ref)
+            self._known[sched.name] = _Known(ref, pinned=True)
+            self._loaded[sched.name] = sched
+
+    def _threads(self) -> int | None:
+        s = self.config.load
+        if s.n_threads is not None or self.config.parallel == 1:
+            return s.n_threads
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        return max(1, cores // self.config.parallel)
+
+    def _load(self, ref: str) -> Scheduler:
+        n = self.config.parallel
+        log.info("loading model %s (%d replica%s)", ref, n, "" if n == 1 else "s")
+        t0 = time.monotonic()
+        replicas: list[edge.api.Model] = []
+        try:
+            for _ in range(n):
+                replicas.append(self._loader(ref, self.config.load, self._threads()))
+        except BaseException:
+            for m in replicas:
+                m.close()
+            raise
+        m = replicas[0]
+        note = f", fallback {m.fallback}" if m.fallback else ""
+        log.info(
+            "loaded model %s as %r on %s:%s in %.1f s%s",
+            ref, m.name, m.backend, m.device, time.monotonic() - t0, note,
+        )  # fmt: skip
+        return Scheduler(replicas, self.config.limits.queue_size)
+
+    def get(self, name: str) -> Scheduler:
+        """The scheduler of model `name`, loading a pulled catalog model on demand (blocking: call it off the
+        event loop). Unknown names, paths included, raise ModelNotFoundError."""
+        sched = self._loaded.get(name)
+        if sched is not None:
+            return sched
+        if name not in self.names():
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist on this server",
+                hint="GET /v1/models lists the ones it serves",
+            )
+        with self._lock:
+            sched = self._loaded.get(name)
+            if sched is not None:
+                return sched
+            if len(self._loaded) >= self.config.models_max:
+                self._evict()
+            sched = self._load(name)
+            self._known.setdefault(name, _Known(name, pinned=False))
+            self._loaded[name] = sched
+            return sched
+
+    def _evict(self) -> None:
+        idle = [(s.last_used, n) for n, s in self._loaded.items() if not self._known[n].pinned and not s.busy]
+        if not idle:
+            raise ModelBusyError(
+                f"{len(self._loaded)} models are loaded (--models-max {self.config.models_max}) and busy",
+                hint="retry later, or start the server with a higher --models-max",
+            )
+        _, name = min(idle)
+        log.info("unloading model %s to make room", name)
+        self._loaded.pop(name).close()
+
+    def loaded(self) -> dict[str, Scheduler]:
+        return dict(self._loaded)
+
+    def close(self) -> None:
+        for sched in self._loaded.values():
+            sched.close()
+        self._loaded.clear()

@@ -1,0 +1,149 @@
+"""Running the server: `edge.serve(...)` for apps that embed it, and `edge serve` on the command line.
+
+The bind is checked before anything loads (no API key, no listening beyond loopback), the models load before
+the socket opens, and uvicorn serves the app. SIGINT/SIGTERM (or `Server.stop()`) stop accepting, give
+in-flight requests `grace_s` to finish, then cancel the rest (each stops within one token) and free the models.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+from dataclasses import replace
+from typing import Any
+
+from edge.server.config import Limits, LoadSettings, ServerConfig, check_bind
+
+__all__ = ["Server", "serve"]
+
+log = logging.getLogger("edge.server")
+
+
+def _log_to_stderr() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("edge: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+class Server:
+    """A configured server: `start()` in a background thread or `run()` in this one; `url` once bound."""
+
+    def __init__(self, config: ServerConfig, *, grace_s: float = 5.0, log_level: str = "warning") -> None:
+        import uvicorn
+
+        from edge.server.app import create_app
+        from edge.server.registry import Registry
+
+        check_bind(config)
+        self.config = config
+        self.registry = Registry(config)
+        self.registry.start()
+        try:
+            family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+            self._sock = socket.socket(family, socket.SOCK_STREAM)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((config.host, config.port))
+        except OSError:
+            self.registry.close()
+            raise
+        self.port: int = self._sock.getsockname()[1]
+        app = create_app(config, self.registry)
+        uv = uvicorn.Config(
+            app,
+            log_level=log_level,
+            timeout_graceful_shutdown=grace_s,
+            lifespan="on",
+            access_log=log_level in ("info", "debug"),
+        )
+        self._server = uvicorn.Server(uv)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}"
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM (in the main thread) or `stop()`."""
+        log.info("serving %s at %s/v1", ", ".join(self.registry.loaded()), self.url)
+        try:
+            self._server.run(sockets=[self._sock])
+        finally:
+            self.registry.close()  # idempotent: the app's shutdown has closed it unless startup failed
+            self._sock.close()
+
+    def start(self, timeout: float = 30.0) -> Server:
+        """Serve in a background thread; returns once the server accepts connections."""
+        self._thread = threading.Thread(target=self.run, name="edge-serve", daemon=True)
+        self._thread.start()
+        for _ in range(int(timeout * 50)):
+            if self._server.started or not self._thread.is_alive():
+                break
+            threading.Event().wait(0.02)
+        if not self._server.started:
+            raise RuntimeError("the server did not start")
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve(
+    models: str | list[str] | tuple[str, ...] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    api_key: str | None = None,
+    cors_origins: tuple[str, ...] | list[str] = (),
+    allowed_hosts: tuple[str, ...] | list[str] = (),
+    models_max: int | None = None,
+    parallel: int = 1,
+    limits: Limits | None = None,
+    block: bool = True,
+    grace_s: float = 5.0,
+    **load: Any,
+) -> Server:
+    """Serve models over OpenAI's HTTP API (docs/api.md, README "edge serve").
+
+    `models`: catalog names or .gguf paths (default: the catalog default). `load` takes `edge.load`'s keyword
+    arguments (device, backend, precision, n_ctx, n_threads, draft, fallback, draft_device). `api_key`
+    defaults to $EDGE_API_KEY; without one only loopback hosts may be bound. `block=False` starts it in a
+    background thread and returns the `Server` (its `.url`, `.stop()`); `port=0` picks a free port.
+
+    >>> server = edge.serve("smollm2-135m", port=0, block=False)      # doctest: +SKIP
+    >>> server.url, server.stop()
+    """
+    names = (models,) if isinstance(models, str) else tuple(models or ())
+    key = api_key if api_key is not None else os.environ.get("EDGE_API_KEY") or None
+    config = ServerConfig(
+        models=names,
+        host=host,
+        port=port,
+        api_key=key,
+        cors_origins=tuple(cors_origins),
+        allowed_hosts=tuple(allowed_hosts),
+        models_max=models_max if models_max is not None else max(1, len(names)),
+        parallel=parallel,
+        load=replace(LoadSettings(), **load),
+        limits=limits or Limits(),
+    )
+    _log_to_stderr()
+    server = Server(config, grace_s=grace_s)
+    if block:
+        server.run()
+        return server
+    return server.start()

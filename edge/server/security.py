@@ -1,0 +1,117 @@
+"""The checks every request passes before a handler sees it, as one pure ASGI middleware.
+
+- Host: the `Host` header must be a loopback name or one the user allowed, else 403. A web page on another
+  site can make the browser resolve its own name to 127.0.0.1 (DNS rebinding); its requests then carry that
+  name, not ours.
+- API key: with a key, every request but `GET /health` needs `Authorization: Bearer KEY` (401), compared in
+  constant time.
+- Body size: a declared or streamed body beyond the limit is a 413 before it is all read.
+
+CORS (off unless origins are given) is Starlette's CORSMiddleware, placed outside this one so preflights pass.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from edge.server.config import is_loopback
+from edge.server.protocol import error_body
+
+__all__ = ["Guard", "host_name"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without its port ("[::1]:8080" -> "::1")."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        return h[1 : h.find("]")] if "]" in h else h
+    return h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+
+
+class Guard:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        allowed_hosts: tuple[str, ...],
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.key = None if not api_key else f"Bearer {api_key}".encode()
+        self.allowed = frozenset(h.lower().strip("[]") for h in allowed_hosts)
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        host = host_name(headers.get("host", b"").decode("latin-1"))
+        if not (is_loopback(host) or host in self.allowed or "*" in self.allowed):
+            await _reject(send, 403, f"host {host!r} is not allowed", "forbidden", "host_not_allowed")
+            return
+        if self.key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
+            given = headers.get("authorization", b"")
+            if not hmac.compare_digest(given, self.key):
+                await _reject(
+                    send, 401, "a valid API key is required (Authorization: Bearer KEY)",
+                    "invalid_request_error", "invalid_api_key",
+                )  # fmt: skip
+                return
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await _reject(send, 413, f"the request body is over {self.max_body} bytes", "invalid_request_error",
+                          "request_too_large")  # fmt: skip
+            return
+        await self._with_body_limit(scope, receive, send)
+
+    async def _with_body_limit(self, scope: Scope, receive: Receive, send: Send) -> None:
+        seen = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracking)
+        except BodyTooLarge:
+            if not started:
+                await _reject(send, 413, f"the request body is over {self.max_body} bytes",
+                              "invalid_request_error", "request_too_large")  # fmt: skip
+
+
+async def _reject(send: Send, status: int, message: str, type_: str, code: str) -> None:
+    body = json.dumps(error_body(message, type_, code=code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

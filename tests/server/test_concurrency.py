@@ -1,0 +1,157 @@
+"""Several clients at once: all served, none dropped, a full queue is a 429, a client that leaves cancels its
+generation within one decode step, stopping the server cancels what runs, and memory stays flat."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from edge.server import Limits, Server
+from edge.server.scheduler import JobRecord, Scheduler
+from tests.server.conftest import LONG_CTX
+
+LONG_LIMITS = Limits(max_tokens=LONG_CTX)  # generations of seconds even on the tiny model
+LONG = {
+    "model": "tiny.gguf",
+    "messages": [{"role": "user", "content": "w1"}],
+    "max_tokens": 30_000,
+    "temperature": 0,
+}
+
+
+def scheduler(server: Server) -> Scheduler:
+    return server.registry.loaded()["tiny.gguf"]
+
+
+def wait_idle(sched: Scheduler, timeout: float = 10.0) -> float:
+    t0 = time.monotonic()
+    while sched.busy:
+        assert time.monotonic() - t0 < timeout, "the model stayed busy"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def last_record(sched: Scheduler) -> JobRecord:
+    return sched.records[-1]
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_four_streaming_clients_all_complete_with_their_own_answers(
+    start_server: Callable[..., Server], parallel: int
+) -> None:
+    s = start_server(parallel=parallel)
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+    prompts = [f"w{i} w{i + 1}" for i in range(4)]
+
+    def ask(p: str) -> str:
+        stream = c.chat.completions.create(
+            model="tiny.gguf",
+            messages=[{"role": "user", "content": p}],
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+        )
+        return "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+
+    expected = {p: ask(p) for p in prompts}
+    got: dict[str, list[str]] = {p: [] for p in prompts}
+    threads = [threading.Thread(target=lambda p=p: got[p].append(ask(p))) for p in prompts for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {p: [expected[p]] * 2 for p in prompts}  # none dropped, no tokens mixed between requests
+    assert scheduler(s).stats()["completed"] == 12
+
+
+def test_disconnect_mid_stream_cancels_within_one_decode_step(start_server: Callable[..., Server]) -> None:
+    s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS)
+    sched = scheduler(s)
+    with httpx.stream("POST", s.url + "/v1/chat/completions", json={**LONG, "stream": True}) as r:
+        lines = r.iter_lines()
+        got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data:")]
+        assert len(got) >= 3
+    wait_idle(sched)
+    record = last_record(sched)
+    assert record.stop_reason == "cancelled" and 2 <= record.n_tokens < 30_000  # stopped mid-stream
+    assert record.polls_after_cancel is not None and record.polls_after_cancel <= 1
+    ok = httpx.post(s.url + "/v1/chat/completions", json={**LONG, "max_tokens": 3})  # the model is free again
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_answer_cancels(
+    start_server: Callable[..., Server],
+) -> None:
+    s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS)
+    sched = scheduler(s)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(s.url + "/v1/chat/completions", json=LONG, timeout=httpx.Timeout(5, read=0.3))
+    wait_idle(sched)
+    record = last_record(sched)
+    assert record.stop_reason == "cancelled" and record.polls_after_cancel is not None
+    assert record.polls_after_cancel <= 1
+
+
+def test_full_queue_is_a_429_with_retry_after(start_server: Callable[..., Server]) -> None:
+    s = start_server(n_ctx=LONG_CTX, limits=Limits(queue_size=1, max_tokens=LONG_CTX))
+    url = s.url + "/v1/chat/completions"
+    with (
+        httpx.stream("POST", url, json={**LONG, "stream": True}) as running,
+        httpx.stream("POST", url, json={**LONG, "stream": True}) as waiting,
+    ):
+        lines = running.iter_lines()  # NOTE: keep the iterator: a dropped one closes the connection
+        next(lines)
+        assert waiting.status_code == 200  # queued (its SSE response has started)
+        r = httpx.post(url, json=LONG)
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    wait_idle(scheduler(s))
+    assert httpx.post(url, json={**LONG, "max_tokens": 2}).status_code == 200
+
+
+def test_stopping_the_server_cancels_in_flight_requests(start_server: Callable[..., Server]) -> None:
+    s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS, grace_s=0.3)
+    sched = scheduler(s)
+    lines: list[str] = []
+
+    def read() -> None:
+        try:
+            with httpx.stream("POST", s.url + "/v1/chat/completions", json={**LONG, "stream": True}) as r:
+                lines.extend(r.iter_lines())
+        except httpx.HTTPError:
+            pass  # the server closed the connection: also a clean end for the client
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    while not sched.stats()["running"]:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    s.stop()
+    reader.join(10)
+    assert not reader.is_alive() and time.monotonic() - t0 < 8
+    assert sched.records and last_record(sched).stop_reason == "cancelled"
+    assert sched.stats()["running"] == 0
+
+
+def test_sequential_requests_leave_rss_flat(server: Server) -> None:
+    """A short version of benchmarks/serve_load.py --rss (1,000 requests there)."""
+    proc = psutil.Process()
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+
+        def burst(n: int) -> None:
+            for i in range(n):
+                body = {"model": "tiny.gguf", "messages": [{"role": "user", "content": f"w{i % 50}"}]}
+                r = http.post("/v1/chat/completions", json={**body, "max_tokens": 8, "stream": i % 2 == 0})
+                assert r.status_code == 200
+
+        burst(60)  # warm up allocators and caches
+        before = proc.memory_info().rss
+        burst(200)
+        after = proc.memory_info().rss
+    assert after < before * 1.05, f"RSS grew from {before >> 20} MiB to {after >> 20} MiB"
