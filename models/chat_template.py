@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,13 +68,25 @@ class _Deadline:
 class _BoundedEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """Sandbox that also checks a render deadline on every call, attribute lookup and binary op."""
 
+    @property
+    def deadline(self) -> _Deadline:
+        found: _Deadline | None = getattr(self._local, "deadline", None)
+        if found is None:
+            found = self._local.deadline = _Deadline(self.limits.seconds)
+        return found
+
+    @deadline.setter
+    def deadline(self, value: _Deadline) -> None:
+        self._local.deadline = value
+
     intercepted_binops = frozenset({"*", "**", "+", "%"})
 
     def __init__(self, limits: TemplateLimits) -> None:
         # Same settings as HF transformers' chat templates (lenient Undefined: templates test `if tools`).
         super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         self.limits = limits
-        self.deadline = _Deadline(limits.seconds)
+        # per thread: two threads rendering with one model (the server, the API) each get their own deadline
+        self._local = threading.local()
         self.code_generator_class = _BoundedCodeGenerator
         self.globals.update(
             range=self._range,

@@ -238,3 +238,32 @@ def test_templates_never_reach_llama_cpp_pythons_own_compile(tiny_model: Path, t
     assert proc.returncode == 1 and lines[0].startswith("edge: error: chat template builds"), lines
     assert int(lines[-1].split()[-1]) < 1 << 20, lines[-1]  # KiB: under 1 GiB
     assert time.monotonic() - start < 10
+
+
+def test_each_thread_renders_under_its_own_deadline() -> None:
+    """Two threads on one model render with one template: a thread's renders must not reset another's
+    deadline (they did when the deadline was the template's: a hostile render never timed out while another
+    thread kept rendering)."""
+    import threading
+
+    slow = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}ok"
+    template = ChatTemplate(slow, limits=TemplateLimits(seconds=0.5))
+    quick = ChatTemplate("hi", limits=TemplateLimits(seconds=0.5))
+    stop = threading.Event()
+
+    def keep_rendering() -> None:  # the other thread, sharing the slow template's environment
+        env = template._env
+        while not stop.is_set():
+            env.deadline = type(env.deadline)(0.5)
+            quick.render(MESSAGES)
+
+    other = threading.Thread(target=keep_rendering, daemon=True)
+    other.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TemplateError, match="longer than"):
+            template.render(MESSAGES)
+    finally:
+        stop.set()
+        other.join()
+    assert time.monotonic() - t0 < 10
