@@ -136,6 +136,27 @@ def test_bench_tiny_real_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_bench_peer_row_and_batch_costs() -> None:
+    """OpenVINO GenAI runs the same file through its own pipeline as a peer row; own backends also report
+    what a k-token forward costs in decode steps (nothing of the kind for a peer)."""
+    out = _edge(
+        "bench", "smollm2-135m", "--backends", "llamacpp,ort,openvino-genai", "--repeat", "1",
+        "--prompt-tokens", "32", "--gen-tokens", "8", "--json", "-", timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {r["backend"]: r for r in json.loads(out.stdout)["results"]}
+    assert rows.keys() == {"llamacpp", "ort", "openvino-genai"}
+    for r in rows.values():
+        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["prefill_warm_tok_s"] > 0
+        assert r["ratio_decode"] > 0 and r["peak_rss_mb"] > 50
+    assert "batch_cost_steps" not in rows["openvino-genai"]
+    for b in ("llamacpp", "ort"):
+        costs = rows[b]["batch_cost_steps"]
+        assert list(costs) == ["1", "2", "4", "8", "16"] and all(v > 0 for v in costs.values())
+    assert "a forward of k tokens costs" in out.stderr  # the table and its lines go to stderr with --json -
+
+
+@pytest.mark.slow
 def test_eval_of_llamacpp_against_itself_is_exact() -> None:
     args = ("eval", "smollm2-135m", "--backend", "llamacpp", "--reference", "llamacpp", "--tokens", "128")
     out = _edge(*args, "--json")
