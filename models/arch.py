@@ -105,7 +105,8 @@ class ArchConfig:
         scale = 1.0 / math.sqrt(head_dim)
         if arch == "gemma3" and n_layer == 62:  # gemma3-27b scales by n_embd / n_head, as llama.cpp does
             scale = 1.0 / math.sqrt(n_embd / n_head)
-        return cls(
+        _check_rope_scaling(metadata, arch)
+        cfg = cls(
             arch=arch,
             n_layer=n_layer,
             n_embd=n_embd,
@@ -122,6 +123,56 @@ class ArchConfig:
             attn_scale=scale,
             tied_embeddings="output.weight" not in tensor_names,
             traits=traits,
+        )
+        check_understood(cfg, tensor_names)
+        return cfg
+
+
+_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# What each known tensor the graph builder does not read means, for the message
+_NOT_IMPLEMENTED = {
+    "rope_freqs.weight": "RoPE frequency factors (Llama 3.1 / 3.2 rope scaling)",
+}
+
+
+def understood_tensors(cfg: ArchConfig) -> set[str]:
+    """Every tensor name the graph builder reads for `cfg` (a linear's .bias wherever the file has one)."""
+    names = {"token_embd.weight", "output_norm.weight", "output.weight"}
+    per_layer = ["attn_norm.weight", "ffn_norm.weight"]
+    per_layer += [f"{n}.{kind}" for n in _LINEARS for kind in ("weight", "bias")]
+    if cfg.traits.qk_norm:
+        per_layer += ["attn_q_norm.weight", "attn_k_norm.weight"]
+    if cfg.traits.post_norms:
+        per_layer += ["post_attention_norm.weight", "post_ffw_norm.weight"]
+    for i in range(cfg.n_layer):
+        names.update(f"blk.{i}.{n}" for n in per_layer)
+    return names
+
+
+def check_understood(cfg: ArchConfig, tensor_names: Iterable[str]) -> None:
+    """A tensor the graph builder would not read changes the model (a scaling table, an extra norm): the own
+    graph would be silently wrong, so it is refused; llama.cpp may know it."""
+    unknown = sorted(set(tensor_names) - understood_tensors(cfg))
+    if unknown:
+        what = _NOT_IMPLEMENTED.get(unknown[0], "a tensor edge's graph builder does not use")
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise ModelFormatError(
+            f"{cfg.arch} file has tensor {unknown[0]!r}{more}: {what}, not in edge's own graph for {cfg.arch}",
+            hint="run it with --backend llamacpp",
+        )
+
+
+def _check_rope_scaling(metadata: Mapping[str, Any], arch: str) -> None:
+    """RoPE scaling (linear, yarn, longrope, llama3) changes every position's rotation: not implemented in the
+    own graphs, so it is refused rather than ignored."""
+    kind = metadata.get(f"{arch}.rope.scaling.type")
+    factor = metadata.get(f"{arch}.rope.scaling.factor")
+    # a factor without a type is llama.cpp's linear scaling
+    scaled = (kind is None and factor not in (None, 0, 1)) if kind in (None, "none") else factor != 1
+    if scaled:
+        raise ModelFormatError(
+            f"{arch}.rope.scaling.type is {kind!r} (factor {factor!r}): RoPE scaling is not in edge's own graphs",
+            hint="run it with --backend llamacpp",
         )
 
 

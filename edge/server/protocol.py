@@ -253,20 +253,10 @@ def chat_chunk(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One stream chunk; `delta=None` is the usage-only chunk (no choices) that include_usage asks for."""
-    chunk: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": []
-        if delta is None
-        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-    if usage is not None:
-        chunk["usage"] = usage.model_dump(exclude_none=True)
-    if extra is not None:
-        chunk["edge"] = extra
-    return chunk
+    choice = (
+        None if delta is None else {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    )
+    return _chunk("chat.completion.chunk", rid, model, created, choice, usage, extra)
 
 
 def completion_response(
@@ -292,14 +282,26 @@ def completion_chunk(
     usage: Usage | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    choice = None if text is None else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return _chunk("text_completion", rid, model, created, choice, usage, extra)
+
+
+def _chunk(
+    obj: str,
+    rid: str,
+    model: str,
+    created: int,
+    choice: dict[str, Any] | None,
+    usage: Usage | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A stream chunk of either endpoint; no choice: the usage-only chunk."""
     chunk: dict[str, Any] = {
         "id": rid,
-        "object": "text_completion",
+        "object": obj,
         "created": created,
         "model": model,
-        "choices": []
-        if text is None
-        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [] if choice is None else [choice],
     }
     if usage is not None:
         chunk["usage"] = usage.model_dump(exclude_none=True)

@@ -4,60 +4,28 @@ plain lines on a stderr that is not a terminal."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.catalog import CatalogEntry
 from edge.models.pull import StderrProgress, pull
+from tests.wheel_index import wheel_model
 
 ROOT = Path(__file__).resolve().parents[2]
 PART_BYTES = 6_000_000
-
-
-def _wheel(folder: Path, name: str, member: str, data: bytes) -> None:
-    dist = f"{name}-1.0.dist-info"
-    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
-        z.writestr(member, data)
-        z.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-        z.writestr(
-            f"{dist}/WHEEL",
-            "Wheel-Version: 1.0\nGenerator: edge-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        )
-        z.writestr(f"{dist}/RECORD", "")
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CatalogEntry]:
     """A local wheel index holding a three-part model, and its catalog entry."""
     folder = tmp_path_factory.mktemp("wheels")
-    rng = np.random.default_rng(11)
-    parts, blobs = [], []
-    for i in (1, 2, 3):
-        blob = rng.integers(0, 256, PART_BYTES, dtype=np.uint8).tobytes()
-        _wheel(folder, f"edgeprogresstest{i}", f"edgeprogresstest{i}/part.bin", blob)
-        parts.append(WheelPart(f"edgeprogresstest{i}", "1.0", f"edgeprogresstest{i}/part.bin"))
-        blobs.append(blob)
-    data = b"".join(blobs)
-    entry = CatalogEntry(
-        name="progress-test",
-        arch="llama",
-        file="progress-test.gguf",
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        licence="test",
-        description="three wheels of random bytes",
-        parts=tuple(parts),
-        chat=False,
-    )
+    entry, _ = wheel_model(folder, "progress", 3, PART_BYTES, seed=11)
     return folder, entry
 
 

@@ -7,7 +7,6 @@ The pull runs offline against wheels made here (pip's own PIP_NO_INDEX / PIP_FIN
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import random
@@ -16,57 +15,27 @@ import signal
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
-from edge.models.catalog import CatalogEntry, WheelPart
+from edge.models.catalog import CatalogEntry
 from edge.models.gguf_file import open_gguf
 from edge.models.store import is_verified, model_path
 from tests.reliability.conftest import ROOT
 from tests.shared_cache import share_models
+from tests.wheel_index import wheel_model
 
 PART_BYTES = 24 << 20
-
-
-def make_wheel(folder: Path, name: str, member: str, data: bytes) -> None:
-    dist = f"{name}-1.0.dist-info"
-    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
-        z.writestr(member, data)
-        z.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-        z.writestr(
-            f"{dist}/WHEEL",
-            "Wheel-Version: 1.0\nGenerator: edge-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        )
-        z.writestr(f"{dist}/RECORD", "")
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CatalogEntry, bytes]:
     """A local wheel index holding a two-part model, its catalog entry and its bytes."""
     folder = tmp_path_factory.mktemp("wheels")
-    rng = np.random.default_rng(7)
-    parts, blobs = [], []
-    for i in (1, 2):
-        blob = rng.integers(0, 256, PART_BYTES, dtype=np.uint8).tobytes()
-        make_wheel(folder, f"edgekilltest{i}", f"edgekilltest{i}/part.bin", blob)
-        parts.append(WheelPart(f"edgekilltest{i}", "1.0", f"edgekilltest{i}/part.bin"))
-        blobs.append(blob)
-    data = b"".join(blobs)
-    entry = CatalogEntry(
-        name="kill-test",
-        arch="llama",
-        file="kill-test.gguf",
-        size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        licence="test",
-        description="two wheels of random bytes",
-        parts=tuple(parts),
-        chat=False,
-    )
+    entry, data = wheel_model(folder, "kill", 2, PART_BYTES, seed=7)
     return folder, entry, data
 
 
