@@ -98,6 +98,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("\nedge: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
     s = result.stats
+    # the own graphs' --precision; llama.cpp has one (int8 activations), and ignores the flag
+    precision = None if result.backend == "llamacpp" else args.precision
     if args.json:
         out = {
             "model": m.name,
@@ -111,6 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "backend": result.backend,
             "device": result.device,
             "fallback": result.fallback,
+            "precision": precision,
             "draft": None if s.draft is None else s.draft.to_dict(),
             "stop_reason": s.stop_reason,
             "seed": args.seed,
@@ -122,7 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
             f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
-            f"{'' if s.draft is None else s.draft.summary() + ' · '}{result.backend}/{result.device}]",
+            f"{'' if s.draft is None else s.draft.summary() + ' · '}{result.backend}/{result.device}"
+            f"{'' if precision is None else ' ' + precision}]",
             file=sys.stderr,
         )
     return 0

@@ -140,3 +140,13 @@ def test_fast_stays_about_as_close_to_the_exact_graph_as_llamacpp(backend: str) 
     print(f"llama.cpp KL {llama['kl_mean']:.5f} top-1 {llama['top1_agree']:.3f}")
     assert 0 < fast["kl_mean"] <= 1.3 * llama["kl_mean"]
     assert fast["top1_agree"] >= llama["top1_agree"] - 0.03
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_run_reports_the_precision_it_ran(tiny: Path, precision: str) -> None:
+    cmd = [sys.executable, "-m", "edge.cli", "run", str(tiny), "hello", "--raw", "--backend", "ort"]
+    cmd += ["--precision", precision, "--max-tokens", "2", "--temperature", "0", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["backend"] == "ort" and out["precision"] == precision

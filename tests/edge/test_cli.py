@@ -114,7 +114,7 @@ def test_run_json_greedy_equals_llama_cpp_python() -> None:
     keys |= {"decode_tok_s", "backend", "device", "fallback", "draft"}
     assert keys <= set(out)
     assert out["model"] == "smollm2-135m" and out["backend"] == "llamacpp" and out["device"] == "cpu"
-    assert out["fallback"] is None and out["draft"] is None
+    assert out["fallback"] is None and out["draft"] is None and out["precision"] is None  # llama.cpp: its own
     assert out["n_tokens"] == len(out["token_ids"]) > 0 and out["ttft_ms"] > 0 and out["decode_tok_s"] > 0
     assert "blue" in out["text"].lower() or "light" in out["text"].lower()
 
