@@ -9,41 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFValueType as T
 
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.registry import DecoderOptions, open_decoder
 from edge.errors import ModelFormatError
 from edge.models.gguf_file import open_gguf
+from tests.reliability.ggufs import rewrite_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("edge_cache")
-
-
-def _copy(src: Path, dst: Path, tensors: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
-    """`src` with extra tensors and metadata values (float or str) added."""
-    reader = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), str(reader.fields["general.architecture"].contents()))
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, field.contents(), vtype, sub_type=sub)
-    for key, value in meta.items():
-        if isinstance(value, str):
-            w.add_string(key, value)
-        else:
-            w.add_float32(key, float(value))
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +32,7 @@ def _graph(path: Path) -> None:
 
 def test_llama3_rope_frequency_factors_are_refused_not_ignored(tiny: Path, tmp_path: Path) -> None:
     factors = np.linspace(1.0, 8.0, TinySpec().head_dim // 2, dtype=np.float32)
-    path = _copy(tiny, tmp_path / "rope_freqs.gguf", {"rope_freqs.weight": factors}, {})
+    path = rewrite_gguf(tiny, tmp_path / "rope_freqs.gguf", extra_tensors={"rope_freqs.weight": factors})
     with pytest.raises(ModelFormatError, match=r"rope_freqs\.weight.*Llama 3") as exc:
         _graph(path)
     assert "--backend llamacpp" in (exc.value.hint or "")
@@ -70,7 +45,7 @@ def test_llama3_rope_frequency_factors_are_refused_not_ignored(tiny: Path, tmp_p
 
 def test_a_tensor_the_builder_does_not_read_is_refused(tiny: Path, tmp_path: Path) -> None:
     norm = np.ones(TinySpec().head_dim, np.float32)  # QK-norm is a qwen3 / gemma3 trait, not llama's
-    path = _copy(tiny, tmp_path / "qknorm.gguf", {"blk.0.attn_q_norm.weight": norm}, {})
+    path = rewrite_gguf(tiny, tmp_path / "qknorm.gguf", extra_tensors={"blk.0.attn_q_norm.weight": norm})
     with pytest.raises(ModelFormatError, match=r"blk\.0\.attn_q_norm\.weight"):
         _graph(path)
 
@@ -78,16 +53,16 @@ def test_a_tensor_the_builder_does_not_read_is_refused(tiny: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     "meta",
     [
-        {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0},
-        {"llama.rope.scaling.factor": 2.0},
+        {"llama.rope.scaling.type": ("linear", T.STRING), "llama.rope.scaling.factor": (4.0, T.FLOAT32)},
+        {"llama.rope.scaling.factor": (2.0, T.FLOAT32)},
     ],
 )
 def test_rope_scaling_is_refused(tiny: Path, tmp_path: Path, meta: dict[str, Any]) -> None:
-    path = _copy(tiny, tmp_path / "scaled.gguf", {}, meta)
+    path = rewrite_gguf(tiny, tmp_path / "scaled.gguf", meta)
     with pytest.raises(ModelFormatError, match="RoPE scaling"):
         _graph(path)
 
 
 def test_no_scaling_declared_runs(tiny: Path, tmp_path: Path) -> None:
-    path = _copy(tiny, tmp_path / "none.gguf", {}, {"llama.rope.scaling.type": "none"})
+    path = rewrite_gguf(tiny, tmp_path / "none.gguf", {"llama.rope.scaling.type": ("none", T.STRING)})
     _graph(path)

@@ -32,10 +32,11 @@ def rewrite_gguf(
     overrides: Mapping[str, Any] = {},
     *,
     tensor_shapes: Mapping[str, tuple[int, ...]] = {},
+    extra_tensors: Mapping[str, np.ndarray] = {},
 ) -> Path:
     """Copy a GGUF with some metadata replaced: a value (typed like the original, or with an explicit
-    (value, GGUFValueType[, item type]) tuple), or DROP. `tensor_shapes` relabels tensors (numpy order) with
-    another shape of the same byte size."""
+    (value, GGUFValueType[, item type]) tuple), or DROP; a key the file lacks is added (a tuple). `tensor_shapes`
+    relabels tensors (numpy order) with another shape of the same byte size; `extra_tensors` are added."""
     reader = GGUFReader(src)
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
     w = GGUFWriter(dst, arch)
@@ -68,6 +69,8 @@ def rewrite_gguf(
         else:
             raw_shape = shape or tuple(int(d) for d in reversed(t.shape))
             w.add_tensor(t.name, data.copy(), raw_shape=raw_shape, raw_dtype=qtype)
+    for name, arr in extra_tensors.items():
+        w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
