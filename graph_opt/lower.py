@@ -120,17 +120,15 @@ def center_codes(model: ir.Model, ctx: PassContext) -> int:
         w = lin.weight
         if not (lin.form == "nbits" and isinstance(w, BlockWeight)):
             continue
-        if w.bias is None and w.zero_points is None:
-            continue  # symmetric formats are centred by design (Q4_0, Q8_0, Q6_K)
+        if w.bias is None:
+            continue  # no block bias (Q4_0, Q8_0, Q6_K: centred by design): adding one would cost a matmul
         lo, hi = int(w.codes.min()), int(w.codes.max())
         mid = 1 << (w.bits - 1)
         c = (lo + hi + 1) // 2
-        if w.bias is None and w.zero_points is not None and not (w.zero_points != c).any():
-            continue
         codes = (w.codes.astype(np.int16) + (mid - c)).astype(np.uint8)
         z = w.integer_zero_points().astype(np.float32)
-        bias = (w.bias if w.bias is not None else 0) + (np.float32(c) - z) * w.scales
-        centred = replace(w, codes=codes, zero_points=None, bias=bias.astype(np.float32))
+        bias = (w.bias + (np.float32(c) - z) * w.scales).astype(np.float32)
+        centred = replace(w, codes=codes, zero_points=None, bias=bias)
         emit_linear(model, lin, centred, lowering="nbits")
         changed += 1
     return changed

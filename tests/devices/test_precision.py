@@ -58,9 +58,9 @@ def test_fast_ort_graph_runs_every_linear_with_int8_activations(tiny: Path) -> N
         exact.close()
 
 
-def test_fast_openvino_keeps_integer_zero_points_and_quantizes_activations(tiny: Path) -> None:
+def test_fast_openvino_has_no_float_zero_points_and_quantizes_activations(tiny: Path) -> None:
     """Float zero points take OpenVINO's CPU plugin off its dynamic quantization: fast keeps the mins as a
-    separate term; exact folds them (fewer nodes) and turns dynamic quantization off."""
+    separate term (integer codes only); exact folds them (fewer nodes) and turns dynamic quantization off."""
     fast, exact = _decoder(tiny, "openvino", "fast"), _decoder(tiny, "openvino", "exact")
     try:
 
