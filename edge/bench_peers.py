@@ -2,7 +2,8 @@
 
 OpenVINO GenAI (`--backends ...,openvino-genai`, installed with `pip install "edge-llm[bench]"`) runs the same
 GGUF with its own reader and graph (it loads F16/Q4_0/Q4_1/Q4_K/Q6_K/Q8_0 files); its perf metrics give the
-time to first token and the time per output token.
+time to first token and the time per output token. It runs on --device with its own default precision
+(--precision is edge's; GenAI's own choice is what a user of it gets).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def measure_peer(name: str, path: Path, prompt: list[int], cfg: BenchConfig, rss
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": cfg.threads} if cfg.threads else {}
     t0 = time.perf_counter()
     try:
-        pipe = og.LLMPipeline(str(path), "CPU", **config)
+        pipe = og.LLMPipeline(str(path), cfg.device.upper(), **config)
     except Exception as exc:
         raise EdgeError(
             f"OpenVINO GenAI cannot load {path.name}: {str(exc).splitlines()[0] if str(exc) else exc}",
