@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--nodes", type=int, default=0, help="also the N costliest nodes, layers folded together")
     args = ap.parse_args()
     prefix = str(Path(tempfile.mkdtemp()) / "ort")
     base = ort.SessionOptions
@@ -55,14 +57,21 @@ def main() -> None:
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"][-args.steps :]
     start = runs[0]["ts"]
     per_op: collections.Counter[str] = collections.Counter()
+    per_node: collections.Counter[str] = collections.Counter()
     for e in events:
         if e.get("cat") == "Node" and e["ts"] >= start and e["name"].endswith("_kernel_time"):
-            per_op[e["args"].get("op_name", "?")] += e["dur"]
+            op = e["args"].get("op_name", "?")
+            per_op[op] += e["dur"]
+            # blk.3.ffn_down/... and blk.17.ffn_down/... are one row: the layers differ only in their types
+            per_node[f"{op} {re.sub(r'[0-9]+', '#', e['name'].removesuffix('_kernel_time'))}"] += e["dur"]
     step_ms = sum(r["dur"] for r in runs) / len(runs) / 1e3
     print(f"{args.model}: decode step {step_ms:.2f} ms (ORT model_run, mean of {len(runs)}, profiler on)")
     for op, us in per_op.most_common(10):
         ms = us / len(runs) / 1e3
         print(f"  {op:34} {ms:7.3f} ms/step  {100 * ms / step_ms:5.1f}%")
+    for node, us in per_node.most_common(args.nodes):
+        ms = us / len(runs) / 1e3
+        print(f"  {node[:70]:70} {ms:7.3f} ms/step  {100 * ms / step_ms:5.1f}%")
 
 
 if __name__ == "__main__":

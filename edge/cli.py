@@ -602,8 +602,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; `edge run MODEL --temperature 0 "prompt"` works as well as options first
+    (argparse alone stops collecting run's positionals at the first option)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "func", None) is cmd_run and not any(e.startswith("-") for e in extra):
+        args.args = [*args.args, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     debug = os.environ.get("EDGE_DEBUG") == "1"
     try:
         return int(args.func(args))

@@ -266,3 +266,15 @@ def test_tokenize_json_and_jsonl_match_llama_cpp() -> None:
     started = time.monotonic()
     assert_one_line_error(edge("tokenize", "qwen2.5-coder-0.5b", "--jsonl", stdin="[1, 2]\n"), "line 1")
     assert time.monotonic() - started < 60
+
+
+def test_run_takes_options_between_model_and_prompt() -> None:
+    from edge.cli import parse
+
+    args = parse(["run", "smollm2-135m", "--temperature", "0", "--max-tokens", "8", "Say hi"])
+    assert args.args == ["smollm2-135m", "Say hi"]
+    assert args.temperature == 0 and args.max_tokens == 8
+    with pytest.raises(SystemExit):  # anything else left over is still an error
+        parse(["run", "smollm2-135m", "--no-such-option", "Say hi"])
+    with pytest.raises(SystemExit):
+        parse(["models", "stray"])
