@@ -163,7 +163,7 @@ class Model:
     @property
     def draft(self) -> str | None:
         spec = self.engine.speculative
-        return None if spec is None else spec.drafter.name
+        return None if spec is None else spec.name
 
     def kv_state(self) -> KVState:
         """Position and fill of the KV cache (ring buffer fill and wrap where the backend has one)."""
@@ -295,7 +295,7 @@ def load(
     *,
     device: str = "cpu",
     backend: str | None = None,
-    draft: str | None = None,
+    draft: str | None = "auto",
     fallback: bool | str = False,
     n_ctx: int = 4096,
     n_threads: int | None = None,
@@ -310,8 +310,9 @@ def load(
     layers split into partitions across the listed devices by the planner); an absent device raises
     `edge.DeviceError` listing what exists, unless `fallback=True` (or a device kind, "cpu") — then
     `model.fallback` says what replaced what. `emulate=True` with device="npu" runs the NPU-shaped (static)
-    graphs on the CPU. `backend`: llamacpp (default) | ort | openvino. `draft`: a draft model or "ngram" for
-    speculative decoding. `precision`: "fast" (int8 activations where a graph backend has them, as
+    graphs on the CPU. `backend`: llamacpp (default) | ort | openvino. `draft`: speculative decoding: "auto" (prompt
+    lookup, plus a compatible draft model already pulled, on the own-graph backends), "none", "ngram" or a draft
+    model. `precision`: "fast" (int8 activations where a graph backend has them, as
     llama.cpp computes) or "exact" (fp32 math on the file's own blocks). `on_progress(done_bytes, total_bytes,
     phase)` sees the pull of a catalog model not downloaded yet: phase "download" while it arrives, then
     "verified" once; None shows it on stderr.

@@ -14,6 +14,11 @@ from typing import Any
 from edge import __version__
 from edge.errors import EdgeError
 
+# --draft of run, chat and serve (edge.drafters.open_drafters)
+DRAFT_HELP = (
+    "speculative decoding: auto (default: prompt lookup, plus a compatible draft model already pulled, on the "
+    "own-graph backends ort/openvino), none, ngram, or a draft model (catalog name or .gguf path)"
+)
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -482,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--emulate", action="store_true", help="--device npu: the NPU-shaped static graphs, run on the CPU"
     )
-    run.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    run.add_argument("--draft", default="auto", help=DRAFT_HELP)
     run.add_argument(
         "--draft-device", default="cpu", help="[backend:]device of the draft model (default cpu)"
     )
@@ -505,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="the terminal chat app (Textual)")
     chat.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path")
     _placement_args(chat)
-    chat.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    chat.add_argument("--draft", default="auto", help=DRAFT_HELP)
     chat.add_argument("--system", default="", help="system prompt of new conversations")
     chat.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
     chat.add_argument("--max-tokens", type=int, default=512)

@@ -1,12 +1,14 @@
 """Drafters for speculative decoding: a small draft model on any `Decoder`, or prompt lookup (n-grams).
 
-A drafter proposes up to k next tokens for a history; `edge.speculative` verifies them on the target.
+A drafter proposes up to k next tokens for a history; `edge.speculative` verifies them on the target, asking
+several drafters in turn (`--draft auto`: prompt lookup, then a draft model where lookup finds nothing).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -24,14 +26,22 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "NgramDrafter",
+    "auto_draft_model",
     "check_vocab_compatible",
     "open_drafter",
+    "open_drafters",
 ]
 
 # As llama.cpp's common_speculative_are_compatible: vocabularies may differ in size by this much (padding,
 # added tokens), and the first few ids (special tokens that differ between fine-tunes) are not compared.
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_ID = 5
+# `--draft auto` takes a draft model only when its file is at most this fraction of the target's: a drafted
+# token must cost far less than a target step (the 0.5b for the 1.5b: 0.44 of the file, 0.39 of the step)
+AUTO_DRAFT_MAX_SIZE = 0.5
+# backends whose batched forward is cheap (a forward of 8 tokens: ~2 decode steps) and whose verify takes
+# the same kernels as their decode; llama.cpp's costs ~5 steps and rounds differently (see the README)
+AUTO_DRAFT_BACKENDS = ("ort", "openvino")
 
 
 @dataclass(frozen=True)
@@ -66,11 +76,17 @@ class ModelDrafter:
     speculative example): where the draft is unsure the target rarely agrees, and each drafted token costs.
     """
 
-    def __init__(self, decoder: Decoder, name: str, n_vocab: int, *, p_min: float = 0.0) -> None:
+    def __init__(
+        self, decoder: Decoder, name: str, n_vocab: int, *, p_min: float = 0.0, lazy: bool = False
+    ) -> None:
         self.decoder = decoder
         self.name = name
         self.n_vocab = n_vocab  # the target's: draft rows are cut or padded to it
         self.p_min = p_min
+        # lazy: prefill the prompt at the first draft, not at begin (a fallback drafter may never be asked,
+        # and its prefill would only delay the first token)
+        self.lazy = lazy
+        self._prompt: list[int] | None = None
         limit = rollback_limit(decoder)
         # the draft KV holds k - 1 drafted tokens when verification starts, so k - 1 may need rolling back
         self.max_k = None if limit is None else int(limit) + 1
@@ -80,6 +96,13 @@ class ModelDrafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Prefill all but the last prompt token (the first draft feeds it, for its logits), keeping what the
         KV already holds of it (a chat's earlier turns)."""
+        if self.lazy:
+            self._prompt = list(prompt_ids)
+            return
+        self._prefill(prompt_ids)
+
+    def _prefill(self, prompt_ids: Sequence[int]) -> None:
+        self._prompt = None
         dec, tokens = self.decoder, self._tokens
         head = list(prompt_ids[:-1])
         keep = common_prefix(tokens, head)
@@ -124,6 +147,8 @@ class ModelDrafter:
         k = min(k, dec.n_ctx - len(history) + 1)  # the KV will hold history + k - 1 tokens
         if k <= 0:
             return Draft([])
+        if self._prompt is not None:
+            self._prefill(self._prompt)
         logits = self._sync(history)
         penalize = sampling.repeat_penalty != 1.0 and sampling.repeat_last_n != 0
         recent = (
@@ -257,6 +282,8 @@ def open_drafter(
     device: str = "cpu",
     n_ctx: int = 4096,
     n_threads: int | None = None,
+    precision: str = "fast",
+    lazy: bool = False,
 ) -> Drafter:
     """`ngram`, or a draft model (catalog name or path) on `[backend:]device` (default llamacpp)."""
     if spec == "ngram":
@@ -275,5 +302,86 @@ def open_drafter(
     check_vocab_compatible(target_tokenizer, load_tokenizer(gguf.metadata), target_name, name)
     backend, _, dev = device.rpartition(":")
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
-    decoder = open_decoder(placement.backend, path, placement.device, DecoderOptions(n_ctx, n_threads))
-    return ModelDrafter(decoder, name, n_vocab)
+    opts = DecoderOptions(n_ctx, n_threads, precision)
+    decoder = open_decoder(placement.backend, path, placement.device, opts)
+    return ModelDrafter(decoder, name, n_vocab, lazy=lazy)
+
+
+def auto_draft_model(target_path: Path, target_tokenizer: Tokenizer, target_name: str) -> str | None:
+    """The smallest catalog model already on this machine (never a download) that can draft for the target:
+    the same vocabulary, and a file at most AUTO_DRAFT_MAX_SIZE of the target's. None when there is none."""
+    from edge.models.catalog import CATALOG
+    from edge.models.gguf_file import open_gguf
+    from edge.models.store import is_verified, model_path
+    from edge.models.tokenizer import load_tokenizer
+
+    size = target_path.stat().st_size
+    for entry in sorted(CATALOG.values(), key=lambda e: e.size):
+        path = model_path(entry)
+        if entry.size > AUTO_DRAFT_MAX_SIZE * size or not is_verified(entry) or path == target_path:
+            continue
+        meta = open_gguf(path).metadata
+        n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
+        if abs(n_tokens - target_tokenizer.vocab_size) > VOCAB_MAX_SIZE_DIFFERENCE:
+            continue  # cheap refusal before building the tokenizer
+        try:
+            check_vocab_compatible(target_tokenizer, load_tokenizer(meta), target_name, entry.name)
+        except VocabMismatchError:
+            continue
+        return entry.name
+    return None
+
+
+def open_drafters(
+    spec: str | None,
+    target_tokenizer: Tokenizer,
+    target_name: str,
+    n_vocab: int,
+    *,
+    target_backend: str,
+    target_path: Path,
+    device: str = "cpu",
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    precision: str = "fast",
+) -> list[Drafter]:
+    """The drafters `--draft` asks for, in the order they are asked each round.
+
+    none (or None): no speculative decoding. ngram | a model: that drafter. auto: prompt lookup, then the
+    smallest compatible catalog model already pulled (on the target's backend, lazily prefilled) where lookup
+    finds nothing; nothing at all on backends outside AUTO_DRAFT_BACKENDS (llama.cpp's verify is costly and
+    rounds differently from its decode, so a draft there could change greedy output)."""
+    if spec in (None, "", "none"):
+        return []
+    if spec != "auto":
+        return [
+            open_drafter(
+                spec,
+                target_tokenizer,
+                target_name,
+                n_vocab,
+                device=device,
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                precision=precision,
+            )
+        ]
+    if target_backend not in AUTO_DRAFT_BACKENDS:
+        return []
+    drafters: list[Drafter] = [NgramDrafter()]
+    model = auto_draft_model(target_path, target_tokenizer, target_name)
+    if model is not None:
+        drafters.append(
+            open_drafter(
+                model,
+                target_tokenizer,
+                target_name,
+                n_vocab,
+                device=f"{target_backend}:cpu",
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                precision=precision,
+                lazy=True,
+            )
+        )
+    return drafters

@@ -16,6 +16,7 @@ from edge.devices.placement import Placement
 from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder
+from edge.drafters import open_drafters
 from edge.errors import DeviceError, DeviceLostError, EdgeError, InsufficientMemoryError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.arch import check_block_count
@@ -41,9 +42,10 @@ class LoadOptions:
     precision: str = "fast"  # fast | exact (see devices.registry.PRECISIONS)
     # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
     available_memory: int | None = None
-    # Speculative decoding: a draft model (catalog name or path) or "ngram", the draft's [backend:]device,
-    # and the most tokens drafted per target forward.
-    draft: str | None = None
+    # Speculative decoding: auto (prompt lookup, plus a compatible catalog draft model already pulled, on
+    # the own-graph backends; see edge.drafters.open_drafters), none, ngram or a draft model (catalog name
+    # or path); the draft's [backend:]device, and the most tokens drafted per target forward.
+    draft: str | None = "auto"
     draft_device: str = "cpu"
     draft_k: int = 16
 
@@ -284,7 +286,7 @@ class Model:
         self.session = self.session.moved_to(decoder)
         if self.speculative is not None:
             spec = self.speculative
-            self.speculative = SpeculativeDecoding(decoder, spec.drafter, spec.config)
+            self.speculative = SpeculativeDecoding(decoder, spec.drafters, spec.config)
         with contextlib.suppress(Exception):  # the failed backend may not even close cleanly
             old.close()
 
@@ -425,20 +427,21 @@ def load(
         loaded = Model(display, path, gguf, decoder, placement, tokenizer=tokenizer)
         loaded.plan = plan
         loaded.options = opts
-        if opts.draft:
-            from edge.drafters import open_drafter
-
-            spec = SpecConfig(k_max=opts.draft_k)  # invalid options fail before the draft loads
-            drafter = open_drafter(
-                opts.draft,
-                loaded.tokenizer,
-                display,
-                decoder.vocab_size,
-                device=opts.draft_device,
-                n_ctx=opts.n_ctx,
-                n_threads=opts.n_threads,
-            )
-            loaded.speculative = SpeculativeDecoding(decoder, drafter, spec)
+        spec = SpecConfig(k_max=opts.draft_k)  # invalid options fail before a draft loads
+        drafters = open_drafters(
+            opts.draft,
+            loaded.tokenizer,
+            display,
+            decoder.vocab_size,
+            target_backend=placement.backend,
+            target_path=path,
+            device=opts.draft_device,
+            n_ctx=opts.n_ctx,
+            n_threads=opts.n_threads,
+            precision=opts.precision,
+        )
+        if drafters:
+            loaded.speculative = SpeculativeDecoding(decoder, drafters, spec)
         return loaded
     except BaseException:
         decoder.close()

@@ -9,13 +9,17 @@ back in the target here and in the draft model by the drafter; k never exceeds a
 k is chosen each round to maximise expected tokens per second, from the running acceptance rate and the
 draft and verify costs measured on this machine (Leviathan et al. section 3.4 with a measured verify cost:
 on a CPU a k+1 token forward costs far more than one decode step); k = 0 is a plain decode step.
+
+Several drafters (`--draft auto`: prompt lookup, then a draft model) are asked in turn each round, each with
+its own acceptance and cost estimates (the target's verify costs are shared): the first that drafts a token
+is verified; a drafter that finds nothing (lookup without a match) costs nothing and the next is asked.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -91,6 +95,8 @@ class DraftStats:
     verify_s: float = 0.0  # target forwards of the rounds with a draft
     step_s: float = 0.0  # whole decode steps: drafting, target forwards, acceptance
     target_step_s: float = 0.0  # measured cost of one plain single-token target step (running average)
+    # with several drafters: name -> [drafted, accepted, rounds]
+    sources: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def acceptance_rate(self) -> float:
@@ -138,6 +144,9 @@ class DraftStats:
             "verify_ms_per_round": round(1e3 * self.verify_s / self.rounds, 3) if self.rounds else None,
             "target_step_ms": round(1e3 * self.target_step_s, 3) if self.target_step_s else None,
             "speedup_estimate": None if self.speedup_estimate is None else round(self.speedup_estimate, 3),
+            "sources": {
+                name: {"drafted": d, "accepted": a, "rounds": r} for name, (d, a, r) in self.sources.items()
+            },
         }
 
 
@@ -149,10 +158,11 @@ class AdaptiveK:
     stretch where it did not pay (prompt lookup is right in bursts).
     """
 
-    def __init__(self, cfg: SpecConfig) -> None:
+    def __init__(self, cfg: SpecConfig, verify: dict[int, float] | None = None) -> None:
         self.cfg = cfg
         self.hits, self.misses = 0.0, 0.0  # decayed counts of accepted / rejected drafted tokens
-        self.verify: dict[int, float] = {}  # tokens in a target forward -> seconds (running average)
+        # tokens in a target forward -> seconds (running average); shared by the choosers of one target
+        self.verify: dict[int, float] = {} if verify is None else verify
         self.draft_s: float | None = None  # seconds per drafted token (running average)
         self._idle = 0  # rounds in a row chosen plain
 
@@ -204,7 +214,7 @@ class AdaptiveK:
         w = (n - lower) / (upper - lower)
         return min(optimistic, (1.0 - w) * known[lower] + w * known[upper])
 
-    def observe_forward(self, n: int, seconds: float) -> None:
+    def observe_forward(self, n: int, seconds: float) -> None:  # the shared verify costs
         self.verify[n] = _average(self.verify.get(n), seconds)
 
     def observe_draft(self, n: int, seconds: float) -> None:
@@ -238,22 +248,34 @@ class SpeculativeDecoding:
     def __init__(
         self,
         target: Decoder,
-        drafter: Drafter,
+        drafter: Drafter | Sequence[Drafter],
         config: SpecConfig | None = None,
         *,
         rule: AcceptRule = rejection_rule,
     ) -> None:
         self.target = target
-        self.drafter = drafter
+        self.drafters: list[Drafter] = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
+        if not self.drafters:
+            raise ValueError("speculative decoding needs at least one drafter")
+        self.drafter = self.drafters[0]
+        self.name = "+".join(d.name for d in self.drafters)  # "ngram+qwen2.5-coder-0.5b" for --draft auto
         self.config = config or SpecConfig()
         self.rule = rule  # injectable so tests can show that a wrong rule changes the distribution
-        limits = [self.config.k_max, rollback_limit(target), drafter.max_k]
-        self.k_cap = min(x for x in limits if x is not None)
+        self.k_caps = [
+            min(x for x in (self.config.k_max, rollback_limit(target), d.max_k) if x is not None)
+            for d in self.drafters
+        ]
+        self.k_cap = max(self.k_caps)
         self._sampling = SamplingConfig()
         self._rng = np.random.default_rng()
         self._row: np.ndarray | None = None
-        self.chooser = AdaptiveK(self.config)
-        self.stats = DraftStats(drafter.name)
+        self._new_choosers()
+        self.stats = DraftStats(self.name)
+
+    def _new_choosers(self) -> None:
+        verify: dict[int, float] = {}  # the target's forward costs, whichever drafter fed it
+        self.choosers = [AdaptiveK(self.config, verify) for _ in self.drafters]
+        self.chooser = self.choosers[0]
 
     # -- the Decoding protocol ---------------------------------------------------------------------
     def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
@@ -261,18 +283,25 @@ class SpeculativeDecoding:
         self._sampling = sampling
         self._rng = np.random.default_rng(sampling.seed)
         self._row = logits
-        self.chooser = AdaptiveK(self.config)
-        self.stats = DraftStats(self.drafter.name)
-        self.drafter.begin(prompt_ids)
+        self._new_choosers()
+        self.stats = DraftStats(self.name)
+        for d in self.drafters:
+            d.begin(prompt_ids)
 
     def step(self, history: Sequence[int], budget: int) -> list[int]:
         """1..budget next tokens; `history` is the prompt and every token returned so far."""
         t0 = time.perf_counter()
-        target, st, chooser = self.target, self.stats, self.chooser
+        target, st = self.target, self.stats
         pending = [] if self._row is not None else [history[-1]]  # the last token is not in the KV yet
         room = target.n_ctx - target.position - len(pending)  # KV slots left for drafted tokens
-        k = chooser.choose(min(self.k_cap, budget - 1, room))
-        draft = self.drafter.draft(history, k, self._sampling, self._rng) if k > 0 else Draft([])
+        k, draft, chooser, source = 0, Draft([]), self.choosers[0], self.drafters[0]
+        for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
+            k = ch.choose(min(cap, budget - 1, room))
+            if k > 0:
+                draft = drafter.draft(history, k, self._sampling, self._rng)
+                if draft.tokens:
+                    chooser, source = ch, drafter
+                    break
         t1 = time.perf_counter()
         feed = pending + draft.tokens
         rows = target.forward(feed, last_only=not draft.tokens) if feed else np.empty((0, 0))
@@ -295,9 +324,15 @@ class SpeculativeDecoding:
             st.accepted += n_ok
             st.draft_s += t1 - t0
             st.verify_s += t2 - t1
+            if len(self.drafters) > 1:
+                counts = st.sources.setdefault(source.name, [0, 0, 0])
+                counts[0] += len(draft.tokens)
+                counts[1] += n_ok
+                counts[2] += 1
         elif feed:
             st.plain_steps += 1
-            chooser.observe_plain_step()
+            for ch in self.choosers:
+                ch.observe_plain_step()
         if 1 in chooser.verify:
             st.target_step_s = chooser.verify[1]
         if feed:  # the first token, picked from the prefill's row, is not a decode step
@@ -309,7 +344,8 @@ class SpeculativeDecoding:
         return self.stats
 
     def close(self) -> None:
-        self.drafter.close()
+        for d in self.drafters:
+            d.close()
 
     # -- verification ------------------------------------------------------------------------------
     def _verify(self, rows: np.ndarray, draft: Draft, history: Sequence[int]) -> tuple[int, int]:

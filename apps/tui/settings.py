@@ -11,7 +11,7 @@ class ChatSettings:
     device: str = "cpu"
     backend: str | None = None  # None: llamacpp
     fallback: bool | str = False  # or the device kind to fall back to (edge chat --fallback cpu)
-    draft: str | None = None
+    draft: str | None = "auto"  # see edge.drafters.open_drafters
     system: str = ""  # system prompt of new conversations ("" leaves the template's default)
     temperature: float = 0.7
     max_tokens: int = 512

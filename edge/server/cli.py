@@ -7,6 +7,8 @@ import inspect
 import os
 from typing import Any
 
+from edge.cli import DRAFT_HELP
+
 __all__ = ["add_parser", "cmd_serve"]
 
 
@@ -57,7 +59,7 @@ def add_parser(sub: Any) -> None:
     srv.add_argument("--precision", choices=("fast", "exact"), default="fast")
     srv.add_argument("--ctx-size", type=int, default=4096)
     srv.add_argument("--threads", type=int, default=None)
-    srv.add_argument("--draft", default=None, help="draft model or 'ngram' for speculative decoding")
+    srv.add_argument("--draft", default="auto", help=DRAFT_HELP)
     srv.add_argument("--draft-device", default="cpu")
     srv.set_defaults(func=cmd_serve)
 

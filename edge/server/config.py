@@ -26,7 +26,7 @@ class LoadSettings:
     precision: str = "fast"
     n_ctx: int = 4096
     n_threads: int | None = None  # None: the physical cores, split between the replicas
-    draft: str | None = None
+    draft: str | None = "auto"  # see edge.drafters.open_drafters
     draft_device: str = "cpu"
 
 

@@ -1,0 +1,155 @@
+"""`--draft auto` (issue 15): prompt lookup, then a compatible draft model already pulled, asked in turn each
+round on the own-graph backends; nothing on llama.cpp; `none` turns speculation off.
+
+- open_drafters: what auto, none, ngram give per backend; the tiny model (vocabulary of 320) has no catalog
+  draft, so auto is prompt lookup alone there.
+- The cascade on the GraphDecoder (exact precision): greedy output equals the target alone, both drafters
+  are asked, the stats say what each gave, and the lazy draft model prefills only when first asked.
+- Slow, real catalog models: auto pairs qwen2.5-coder-1.5b with the 0.5b on ort, the 0.5b with nothing but
+  lookup, and the API and CLI default to it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.drafters import ModelDrafter, NgramDrafter, open_drafters
+from edge.generate import Generation, GenerationConfig
+from edge.models.gguf_file import open_gguf
+from edge.models.tokenizer import Tokenizer, load_tokenizer
+from edge.speculative import SpecConfig, SpeculativeDecoding
+from tests.tiny_models import TinySpec, write_tiny_model
+
+N_VOCAB = 320
+# repeats itself, so prompt lookup finds continuations; the random draft model fills in where it does not
+PROMPT = [1, *range(300, 312), *range(300, 306)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("auto")
+    return {
+        "target": write_tiny_model(d / "target.gguf", TinySpec(seed=0)),
+        "draft": write_tiny_model(d / "draft.gguf", TinySpec(seed=1, n_layer=1)),
+    }
+
+
+@pytest.fixture(scope="module")
+def tokenizer(files: dict[str, Path]) -> Tokenizer:
+    return load_tokenizer(open_gguf(files["target"]).metadata)
+
+
+def test_auto_none_and_named_drafters(files: dict[str, Path], tokenizer: Tokenizer, edge_cache: Path) -> None:
+    def names(spec: str | None, backend: str) -> list[str]:
+        drafters = open_drafters(
+            spec, tokenizer, "target", N_VOCAB, target_backend=backend, target_path=files["target"]
+        )
+        for d in drafters:
+            d.close()
+        return [d.name for d in drafters]
+
+    assert names("auto", "llamacpp") == []  # verify costs ~5 steps there and rounds differently
+    assert names("auto", "ort") == ["ngram"]  # no catalog model shares the tiny vocabulary
+    assert names("auto", "openvino") == ["ngram"]
+    assert names("none", "ort") == [] and names(None, "ort") == [] and names("", "ort") == []
+    assert names("ngram", "llamacpp") == ["ngram"]  # asked for by name: given, whatever the backend
+
+
+def test_cascade_greedy_equals_target_alone(
+    files: dict[str, Path], tokenizer: Tokenizer, edge_cache: Path
+) -> None:
+    opts = GraphOptions(backend="ort", threads=1, capacity=256, precision="exact")
+    cfg = GenerationConfig(max_tokens=100, ignore_eos=True)
+    target = GraphDecoder(open_gguf(files["target"]), opts)
+    draft_dec = GraphDecoder(open_gguf(files["draft"]), opts)
+    try:
+        plain = Generation(target, tokenizer, PROMPT, cfg)
+        plain.run()
+        model = ModelDrafter(draft_dec, "random", N_VOCAB, lazy=True)
+        model.begin(PROMPT)
+        assert draft_dec.position == 0  # lazy: nothing prefilled until the draft model is asked
+        decoding = SpeculativeDecoding(target, [NgramDrafter(), model], SpecConfig(adaptive=False, k_max=4))
+        assert decoding.name == "ngram+random"
+        gen = Generation(target, tokenizer, PROMPT, cfg, decoding=decoding)
+        gen.run()
+        assert gen.token_ids == plain.token_ids and gen.text == plain.text
+        st = gen.stats.draft
+        assert st is not None and st.method == "ngram+random"
+        assert set(st.sources) == {"ngram", "random"}, (
+            st.sources
+        )  # lookup first, the model where it found none
+        assert sum(s[0] for s in st.sources.values()) == st.drafted
+        assert sum(s[1] for s in st.sources.values()) == st.accepted
+        assert sum(s[2] for s in st.sources.values()) == st.rounds
+        assert st.to_dict()["sources"]["ngram"]["drafted"] == st.sources["ngram"][0]
+        assert draft_dec.position > 0  # the model drafted, so it prefilled
+    finally:
+        target.close()
+        draft_dec.close()
+
+
+def test_a_speculative_decoding_needs_a_drafter(files: dict[str, Path], edge_cache: Path) -> None:
+    target = GraphDecoder(open_gguf(files["target"]), GraphOptions(backend="ort", threads=1, capacity=64))
+    try:
+        with pytest.raises(ValueError, match="at least one drafter"):
+            SpeculativeDecoding(target, [])
+    finally:
+        target.close()
+
+
+# -- real catalog models ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_auto_pairs_catalog_models_on_own_graphs() -> None:
+    from edge.model import LoadOptions, load
+    from tests.shared_cache import pull_named_models
+
+    pull_named_models(["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+    from edge.models.store import resolve_model
+
+    big = resolve_model("qwen2.5-coder-1.5b")
+    tok = load_tokenizer(open_gguf(big).metadata)
+    drafters = open_drafters("auto", tok, "qwen2.5-coder-1.5b", 151936, target_backend="ort", target_path=big)
+    try:
+        assert [d.name for d in drafters] == ["ngram", "qwen2.5-coder-0.5b"]
+        assert isinstance(drafters[1], ModelDrafter) and drafters[1].lazy
+    finally:
+        for d in drafters:
+            d.close()
+    with load("qwen2.5-coder-0.5b", LoadOptions(backend="ort", n_ctx=512)) as m:  # the default is auto
+        assert m.speculative is not None and m.speculative.name == "ngram"  # nothing smaller shares its vocab
+    with load("qwen2.5-coder-0.5b", LoadOptions(backend="llamacpp", n_ctx=512)) as m:
+        assert m.speculative is None
+    with load("qwen2.5-coder-0.5b", LoadOptions(backend="ort", n_ctx=512, draft="none")) as m:
+        assert m.speculative is None
+
+
+@pytest.mark.slow
+def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
+    """`edge run --backend ort --precision exact --temperature 0`: the default (auto) and --draft none give the
+    same tokens, and --json says what drafted."""
+    from tests.shared_cache import pull_named_models
+
+    pull_named_models(["qwen2.5-coder-0.5b"])
+    code = "def area(w, h):\n    return w * h\n\n\ndef volume(w, h, d):\n    return area(w, h) * d\n"
+    prompt = f"Rename the function area to rectangle_area everywhere in this code:\n\n{code}"
+    outs = {}
+    for draft in ("auto", "none"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "edge.cli", "run", "qwen2.5-coder-0.5b", prompt, "--backend", "ort",
+             "--precision", "exact", "--temperature", "0", "--max-tokens", "60", "--json", "--draft", draft],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        outs[draft] = json.loads(proc.stdout)
+    assert outs["auto"]["token_ids"] == outs["none"]["token_ids"]
+    assert outs["none"]["draft"] is None
+    st = outs["auto"]["draft"]
+    assert st["method"] == "ngram" and st["accepted"] > 0, st  # the answer copies the code back
