@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edge.devices.registry import DecoderOptions, open_decoder
-from edge.drafters import open_drafter
+from edge.drafters import open_drafters
 from edge.generate import Generation, GenerationConfig
 from edge.models.tokenizer import Tokenizer
 from edge.speculative import SpecConfig, SpeculativeDecoding
@@ -88,11 +88,21 @@ def measure_draft(
     spec_cfg = SpecConfig(k_max=draft_k)
     target = open_decoder(backend, path, device, DecoderOptions(n_ctx=n_ctx, n_threads=threads))
     try:
-        drafter = open_drafter(
-            draft, tokenizer, name, target.vocab_size, device=draft_device, n_ctx=n_ctx, n_threads=threads
+        drafters = open_drafters(
+            draft,
+            tokenizer,
+            name,
+            target.vocab_size,
+            target_backend=backend,
+            target_path=path,
+            device=draft_device,
+            n_ctx=n_ctx,
+            n_threads=threads,
         )
+        if not drafters:
+            raise ValueError(f"--draft {draft} drafts nothing on {backend} (auto is off on llama.cpp)")
+        spec = SpeculativeDecoding(target, drafters, spec_cfg)  # closes the drafters
         try:
-            spec = SpeculativeDecoding(target, drafter, spec_cfg)
             gen_cfg = GenerationConfig(max_tokens=gen_tokens, ignore_eos=True)
             plain_rates: list[float] = []
             draft_rates: list[float] = []
@@ -110,11 +120,11 @@ def measure_draft(
                 same &= runs[False].token_ids == runs[True].token_ids
                 stats.append(spec.stats.to_dict())
         finally:
-            drafter.close()
+            spec.close()
     finally:
         target.close()
     return DraftBenchResult(
-        drafter.name,
+        spec.name,
         backend,
         device,
         draft_device,

@@ -153,3 +153,25 @@ def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
     assert outs["none"]["draft"] is None
     st = outs["auto"]["draft"]
     assert st["method"] == "ngram" and st["accepted"] > 0, st  # the answer copies the code back
+
+
+def test_bench_draft_auto_and_batch_costs(files: dict[str, Path], tmp_path: Path, edge_cache: Path) -> None:
+    """`edge bench --against ort --draft auto`: the draft row names what auto chose and keeps the tokens;
+    the batch costs are relative to a one-token forward (k=1 is 1.0 by definition)."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "bench", str(files["target"]), "--backends", "ort", "--against",
+         "ort", "--draft", "auto", "--repeat", "1", "--prompt-tokens", "16", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["draft"]["draft"] == "ngram" and report["draft"]["same_tokens"] is True
+    costs = report["results"][0]["batch_cost_steps"]
+    assert costs["1"] == 1.0 and set(costs) == {"1", "2", "4", "8", "16"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge.cli", "bench", str(files["target"]), "--backends", "llamacpp", "--draft",
+         "auto", "--repeat", "1", "--prompt-tokens", "16"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "auto is off on llama.cpp" in proc.stderr, proc.stderr
