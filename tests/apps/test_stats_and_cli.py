@@ -50,6 +50,20 @@ def test_stats_text_live_and_notes() -> None:
     assert stats_text(None, status="loading m…") == "loading m…"
 
 
+def test_stats_text_says_what_the_draft_gave() -> None:
+    from edge.generate import GenerationStats
+    from edge.model import Result
+    from edge.speculative import DraftStats
+
+    draft = DraftStats(
+        "ngram+qwen2.5-coder-0.5b", drafted=40, accepted=30, rounds=8, plain_steps=2, tokens=40
+    )
+    stats = GenerationStats(n_prompt_tokens=20, n_tokens=41, stop_reason="eos", draft=draft)
+    result = Result("ok", [5] * 41, [1] * 20, stats, "ort", "cpu", None)
+    info = ModelInfo("m", "ort", "cpu", None, draft.method, chat_template=True)
+    assert "draft ngram+qwen2.5-coder-0.5b: 75% accepted, 4.0 tok/forward" in stats_text(info, result=result)
+
+
 def test_chat_is_registered_as_an_edge_app() -> None:
     (ep,) = entry_points(group="edge.apps", name="chat")
     assert ep.value == "edge.apps.tui:main"
