@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--nodes", type=int, default=0, help="also the N costliest nodes, layers folded together")
+    ap.add_argument(
+        "--batch", type=int, default=1, help="tokens per timed forward (a speculative verify's size)"
+    )
     args = ap.parse_args()
     prefix = str(Path(tempfile.mkdtemp()) / "ort")
     base = ort.SessionOptions
@@ -51,7 +54,9 @@ def main() -> None:
     ort.SessionOptions = base  # type: ignore[misc]
     dec.forward(list(range(100, 100 + args.prompt)), last_only=True)
     for i in range(args.steps):
-        dec.forward([1000 + i], last_only=True)
+        dec.forward([1000 + i + j for j in range(args.batch)], last_only=args.batch == 1)
+        if args.batch > 1:
+            dec.rollback(args.batch)
     events = json.loads(Path(dec.runner.session.end_profiling()).read_text())  # type: ignore[attr-defined]
     dec.close()
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"][-args.steps :]
@@ -65,7 +70,9 @@ def main() -> None:
             # blk.3.ffn_down/... and blk.17.ffn_down/... are one row: the layers differ only in their types
             per_node[f"{op} {re.sub(r'[0-9]+', '#', e['name'].removesuffix('_kernel_time'))}"] += e["dur"]
     step_ms = sum(r["dur"] for r in runs) / len(runs) / 1e3
-    print(f"{args.model}: decode step {step_ms:.2f} ms (ORT model_run, mean of {len(runs)}, profiler on)")
+    print(
+        f"{args.model}: {args.batch}-token forward {step_ms:.2f} ms (ORT model_run, mean of {len(runs)}, profiler on)"
+    )
     for op, us in per_op.most_common(10):
         ms = us / len(runs) / 1e3
         print(f"  {op:34} {ms:7.3f} ms/step  {100 * ms / step_ms:5.1f}%")
