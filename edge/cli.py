@@ -44,6 +44,19 @@ def _is_model_arg(value: str) -> bool:
 
 
 # -- edge run --------------------------------------------------------------------------------------
+def _draft_json(draft: Any, backend: str, precision: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """--json's draft: the statistics, and at temperature 0 what greedy output is promised (README)."""
+    from edge.speculative import greedy_guarantee
+
+    out: dict[str, Any] = draft.to_dict()
+    out["guarantee"] = (
+        greedy_guarantee(backend, precision)
+        if args.temperature == 0
+        else "samples from the target's distribution (rejection sampling)"
+    )
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from edge.generate import GenerationConfig
     from edge.model import LoadOptions, load
@@ -119,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "device": result.device,
             "fallback": result.fallback,
             "precision": precision,
-            "draft": None if s.draft is None else s.draft.to_dict(),
+            "draft": None if s.draft is None else _draft_json(s.draft, result.backend, precision, args),
             "stop_reason": s.stop_reason,
             "seed": args.seed,
         }

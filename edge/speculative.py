@@ -34,6 +34,7 @@ __all__ = [
     "DraftStats",
     "SpecConfig",
     "SpeculativeDecoding",
+    "greedy_guarantee",
     "rejection_rule",
 ]
 
@@ -50,6 +51,19 @@ _EMA_DOWN, _EMA_UP = 0.5, 0.1  # weight of a new cost measurement below / above 
 # draft is tried, and quickly overruled by what is measured
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.8, 1.0
 _EXPLORE_AFTER = 32  # plain steps in a row before drafting is probed again
+
+
+def greedy_guarantee(backend: str, precision: str | None) -> str:
+    """What greedy speculative decoding promises on this backend (README, "Speculative decoding"): the
+    target's own tokens wherever its top two logits are further apart than the difference between its
+    batched (verify) and one-token (decode) logits, which depends on how the backend computes."""
+    if backend == "llamacpp":
+        return (
+            "target's tokens except near-ties: llama.cpp's batched verify rounds differently from its decode"
+        )
+    if precision == "exact":
+        return "target's tokens except near-ties within ~1e-4 logits (fp32 batched vs one-token sums)"
+    return "target's tokens except near-ties within int8 activation rounding (up to ~1 logit)"
 
 
 @dataclass(frozen=True)

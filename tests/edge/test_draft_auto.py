@@ -153,6 +153,7 @@ def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
     assert outs["none"]["draft"] is None
     st = outs["auto"]["draft"]
     assert st["method"] == "ngram" and st["accepted"] > 0, st  # the answer copies the code back
+    assert "near-ties within ~1e-4" in st["guarantee"]
 
 
 def test_bench_draft_auto_and_batch_costs(files: dict[str, Path], tmp_path: Path, edge_cache: Path) -> None:
