@@ -1,11 +1,88 @@
-"""The contract every backend implements (see docs/architecture.md)."""
+"""The contract every backend implements (see docs/architecture.md).
+
+The core (`forward`, `rollback`, `reset`, `close`, `kv_fill`) is what every decoder has. Abilities only some
+have are declared, never probed: `capabilities()` returns a `Capabilities` whose fields say how far rollback
+reaches, and hand out the sink control and the partition view when the decoder has them (None when not).
+`tests/devices/test_conformance.py` runs every runnable backend through all of it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+__all__ = [
+    "Capabilities",
+    "Decoder",
+    "KVFill",
+    "PartitionInfo",
+    "Partitions",
+    "Sinks",
+    "rollback_limit",
+]
+
+
+@dataclass(frozen=True)
+class KVFill:
+    """How full a decoder's KV cache is (what a panel shows)."""
+
+    position: int  # tokens fed since the last reset (a ring's may exceed its capacity)
+    capacity: int  # tokens the KV holds
+    fill: int  # slots in use
+    ring: bool  # a ring buffer: it wraps, keeping `sink` first tokens; False: a linear cache that overflows
+    sink: int = 0  # slots pinned to the first tokens when the ring wraps
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One layer range of a partitioned decoder and where it runs."""
+
+    layers: range
+    head: bool  # carries the final norm and the output head
+    backend: str
+    device: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.layers.start}-{self.layers.stop - 1}{'+head' if self.head else ''} {self.backend}:{self.device}"
+
+
+class Sinks(Protocol):
+    """A ring-buffer KV that pins its first tokens (a chat's system prompt) when it wraps."""
+
+    @property
+    def max_sink(self) -> int:
+        """The most tokens `set_sink` pins."""
+        ...
+
+    def set_sink(self, n: int) -> bool:
+        """Pin the first n tokens (clamped to the backend's bounds); a change empties the cache (returns True)."""
+        ...
+
+
+class Partitions(Protocol):
+    """A decoder split into layer ranges, each on its own (backend, device), timed separately."""
+
+    def partition_info(self) -> tuple[PartitionInfo, ...]:
+        """The partitions in order: they cover every layer, the last carries the head."""
+        ...
+
+    def partition_times(self) -> tuple[float, ...]:
+        """Seconds spent in each partition's graph since load (edge bench reports the differences)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a decoder can do beyond the core contract. Every decoder states `max_rollback`; the others are
+    None when it has not got the ability."""
+
+    max_rollback: int | None  # rollback(n) always works for n <= this; None: for any n <= position
+    sinks: Sinks | None = None
+    partitions: Partitions | None = None
 
 
 @runtime_checkable
@@ -28,9 +105,11 @@ class Decoder(Protocol):
 
     def close(self) -> None: ...
 
+    def kv_fill(self) -> KVFill: ...
+
+    def capabilities(self) -> Capabilities: ...
+
 
 def rollback_limit(decoder: Decoder) -> int | None:
-    """Tokens `decoder.rollback` can always undo; None: no limit. A backend with a bounded undo log (the
-    ring-buffer KV of GraphDecoder) publishes it as `max_rollback`; llama.cpp's KV cache has none."""
-    limit = getattr(decoder, "max_rollback", None)
-    return None if limit is None else int(limit)
+    """Tokens `decoder.rollback` can always undo; None: no limit."""
+    return decoder.capabilities().max_rollback

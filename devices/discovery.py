@@ -9,7 +9,6 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -188,21 +187,18 @@ def probe_coreml() -> BackendStatus:
     return BackendStatus("coreml", True, ct.__version__, devices)
 
 
-PROBES: dict[str, Callable[[], BackendStatus]] = {
-    "llamacpp": probe_llamacpp,
-    "openvino": probe_openvino,
-    "ort": probe_ort,
-    "coreml": probe_coreml,
-}
+def discover(backends: tuple[str, ...] | None = None) -> Inventory:
+    """This machine and the named backends (default: every registered one)."""
+    # NOTE: imported here: the registry imports the probes above, one entry per backend
+    from edge.devices.registry import BACKENDS
 
-
-def discover(backends: tuple[str, ...] = tuple(PROBES)) -> Inventory:
     statuses = []
-    for name in backends:
-        if name not in PROBES:  # unknown names are the caller's to report (placement lists the known ones)
+    for name in tuple(BACKENDS) if backends is None else backends:
+        entry = BACKENDS.get(name)
+        if entry is None:  # unknown names are the caller's to report (placement lists the known ones)
             continue
         try:
-            statuses.append(PROBES[name]())
+            statuses.append(entry.probe())
         except Exception as exc:  # a broken SDK install must not take discovery down
             statuses.append(BackendStatus(name, False, reason=f"probe failed: {type(exc).__name__}: {exc}"))
     mem = psutil.virtual_memory()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.devices.registry import check_precision
+from edge.devices.registry import check_precision, graph_runner
 from edge.devices.ring_decoder import RingDecoder
-from edge.devices.runners import RUNNERS, Runner, RunnerOptions
-from edge.errors import DeviceError, ModelFormatError
+from edge.devices.runners import Runner, RunnerOptions
+from edge.errors import ModelFormatError
 from edge.models.arch import ArchConfig, check_tensor_shapes
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
@@ -145,10 +145,7 @@ class GraphDecoder(RingDecoder):
 
     def __init__(self, gguf: GGUFFile, options: GraphOptions | None = None) -> None:
         opts = options or GraphOptions()
-        if opts.backend not in RUNNERS:
-            raise DeviceError(
-                f"no graph runner for backend {opts.backend!r}", hint=f"use one of {sorted(RUNNERS)}"
-            )
+        make_runner = graph_runner(opts.backend)  # an unknown backend fails before the graph is built
         self.options = opts
         cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
         check_tensor_shapes(cfg, {name: t.shape for name, t in gguf.tensors.items()})
@@ -174,7 +171,7 @@ class GraphDecoder(RingDecoder):
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent)
-        self.runner: Runner = RUNNERS[opts.backend](model_path, runner_opts)
+        self.runner: Runner = make_runner(model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
 

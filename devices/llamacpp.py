@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.devices.base import Capabilities, KVFill
 from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
 
 
@@ -167,6 +168,13 @@ class LlamaCppDecoder:
             self._check_open()
             self._ctx.kv_cache_clear()
             self.position = 0
+
+    def capabilities(self) -> Capabilities:
+        # seq_rm removes any suffix of the cache; a linear cache has no sinks and one whole model
+        return Capabilities(max_rollback=None)
+
+    def kv_fill(self) -> KVFill:
+        return KVFill(self.position, self.n_ctx, self.position, ring=False)
 
     def close(self) -> None:
         llama = getattr(self, "_llama", None)

@@ -15,13 +15,15 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from edge.devices.base import Capabilities, PartitionInfo
+from edge.devices.registry import graph_runner
 from edge.devices.ring_decoder import RingDecoder
-from edge.devices.runners import RUNNERS, Runner, RunnerOptions
+from edge.devices.runners import Runner, RunnerOptions
 from edge.errors import DeviceError
 from edge.models.arch import ArchConfig
 from edge.models.store import cache_dir
@@ -104,10 +106,7 @@ class PartitionedDecoder(RingDecoder):
         self._parts: list[_Part] = []
         static_q, static_cap = None, {}
         for p in partitions:
-            if p.backend not in RUNNERS:
-                raise DeviceError(
-                    f"no graph runner for backend {p.backend!r}", hint=f"use one of {sorted(RUNNERS)}"
-                )
+            make_runner = graph_runner(p.backend)
             runners, inputs = {}, {}
             for variant, path in p.graphs.items():
                 names, shapes = _graph_inputs(path)
@@ -119,7 +118,7 @@ class PartitionedDecoder(RingDecoder):
                         if f"mask_{k}" in shapes:
                             static_cap[k] = int(shapes[f"mask_{k}"][3]) - int(shapes["hidden"][1])
                 ropts = RunnerOptions(p.device, opts.threads, opts.precision, _compile_cache(path))
-                runners[variant] = RUNNERS[p.backend](path, ropts)
+                runners[variant] = make_runner(path, ropts)
             outs = ["logits" if p.head else "hidden_out"]
             outs += [f"new_{n}_{i}" for i in p.layers for n in ("key", "value")]
             self._parts.append(_Part(p, runners, inputs, outs))
@@ -143,6 +142,15 @@ class PartitionedDecoder(RingDecoder):
     @property
     def partitions(self) -> list[PartitionGraph]:
         return [p.spec for p in self._parts]
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), partitions=self)
+
+    def partition_info(self) -> tuple[PartitionInfo, ...]:
+        return tuple(PartitionInfo(p.layers, p.head, p.backend, p.device) for p in self.partitions)
+
+    def partition_times(self) -> tuple[float, ...]:
+        return tuple(self.partition_seconds)
 
     def _step(self, ids: Sequence[int], last_only: bool) -> np.ndarray:
         n = len(ids)
@@ -213,7 +221,5 @@ def open_artifact_decoder(
     ]
     opts = options or PartitionedOptions()
     if art.shapes.static and art.shapes.capacity is not None:
-        from dataclasses import replace
-
         opts = replace(opts, capacity=art.shapes.capacity)
     return PartitionedDecoder(art.config, art.embedder(), graphs, opts)

@@ -6,12 +6,10 @@ from dataclasses import dataclass
 
 from edge.devices.discovery import Inventory
 from edge.devices.planner import absent_device_hint
-from edge.devices.registry import BACKENDS
+from edge.devices.registry import BACKENDS, runnable_backends
 from edge.errors import BackendUnavailableError, DeviceError
 
 DEVICE_KINDS = ("cpu", "gpu", "npu")
-# Backends this version can run a model on; the others are discovered but have no Decoder yet.
-RUNNABLE_BACKENDS = tuple(BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -47,8 +45,8 @@ def place(
     only when the user did."""
     named = backend is not None if backend_named is None else backend_named
     backend = backend or "llamacpp"
-    if backend not in ("llamacpp", "ort", "openvino", "coreml"):
-        raise DeviceError(f"unknown backend {backend!r}", hint="use one of: llamacpp, ort, openvino, coreml")
+    if backend not in BACKENDS:
+        raise DeviceError(f"unknown backend {backend!r}", hint=f"use one of: {', '.join(BACKENDS)}")
     status = inventory.backend(backend)
     if status is not None and not status.available and not named and device in DEVICE_KINDS:
         # the user asked for a device, not for this backend: its absence is the device's absence
@@ -62,7 +60,7 @@ def place(
         raise BackendUnavailableError(
             f"backend {backend!r} is unavailable: {status.reason}", hint=status.hint or None
         )
-    if backend not in RUNNABLE_BACKENDS:
+    if backend not in runnable_backends():
         raise BackendUnavailableError(
             f"backend {backend!r} is discovered but cannot run models in this version of edge",
             hint="use --backend llamacpp",

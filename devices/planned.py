@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge.devices.base import Decoder
+from edge.devices.memory import check_fits
 from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
 from edge.devices.placement import Placement
 from edge.devices.planner import (
@@ -29,12 +30,21 @@ from edge.devices.planner import (
     parse_device,
     plan,
 )
+from edge.devices.registry import BACKENDS, estimate_memory
 from edge.errors import DeviceError, ModelFormatError
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
 from edge.models.store import cache_dir
 
-__all__ = ["PlannedOptions", "open_planned_decoder", "plan_artifact"]
+__all__ = [
+    "DeviceRequest",
+    "Opening",
+    "PlannedOptions",
+    "open_planned_decoder",
+    "open_requested",
+    "plan_artifact",
+    "resolve_request",
+]
 
 PLAN_FORMAT = 3  # bump when what a plan artifact holds changes
 
@@ -46,6 +56,7 @@ class PlannedOptions:
     prefill_chunk: int = 64  # static (NPU) plans: the prefill graph's width
     static_capacity: int = 1024  # static plans: KV slots (the ring wraps beyond, keeping sinks)
     precision: str = "fast"  # every partition's: fast | exact
+    available_memory: int | None = None  # bytes to assume free for the memory check; None measures it
 
 
 def _ranges(plan: Plan) -> str:
@@ -122,9 +133,9 @@ def open_planned_decoder(
 ) -> PartitionedDecoder:
     opts = options or PlannedOptions()
     for p in plan.partitions:
-        if p.device.backend == "llamacpp":
+        if BACKENDS[p.device.backend].runner is None:
             raise DeviceError(
-                "llama.cpp runs whole models only; it cannot take one partition of a plan",
+                f"{p.device.backend} runs whole models only; it cannot take one partition of a plan",
                 hint="name a graph backend for each device, e.g. --device hetero:openvino:cpu,ort:cpu",
             )
     path = plan_artifact(gguf_path, plan, opts, log)
@@ -158,12 +169,29 @@ def _placement_of(plan: Plan) -> Placement:
     return Placement(backends, kinds, plan.fallback)
 
 
-def open_requested(
+@dataclass(frozen=True)
+class Opening:
+    """Where a request runs, decided and sized but not opened yet (opening is the slow part: a graph build, a
+    compile, llama.cpp reading the file), so the caller can check the rest of the file first."""
+
+    placement: Placement
+    plan: Plan | None
+    open: Callable[[], Decoder]
+
+
+def _check_fits(backend: str, path: Path, n_ctx: int, available: int | None) -> None:
+    """The backend sizes the model before anything is allocated (InsufficientMemoryError when it cannot fit)."""
+    need = estimate_memory(backend, path, n_ctx)
+    if need is not None:
+        check_fits(need, f"{path.name} on {backend}", n_ctx, available)
+
+
+def resolve_request(
     path: Path, request: DeviceRequest, options: PlannedOptions, *, log: Callable[[str], None] | None = None
-) -> tuple[Decoder, Placement, Plan | None]:
-    """Open `path` (a GGUF or an `edge convert` artifact) where `request` says: one device keeps the whole
-    model on one backend (llama.cpp by default on the CPU); `auto`, `hetero:...` and an emulated NPU go
-    through the planner. Returns the decoder, where it runs, and the plan when one was made."""
+) -> Opening:
+    """Decide where `path` (a GGUF or an `edge convert` artifact) runs as `request` says, and check that it
+    fits: one device keeps the whole model on one backend (llama.cpp by default on the CPU); `auto`,
+    `hetero:...` and an emulated NPU go through the planner."""
     from edge.devices.discovery import discover
     from edge.devices.placement import place
     from edge.devices.probe import device_profiles
@@ -175,6 +203,7 @@ def open_requested(
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
     dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision)
+    free = options.available_memory
     artifact = is_artifact(path)
     if mode == "single" and not request.emulate:
         t = targets[0]
@@ -190,8 +219,10 @@ def open_requested(
         except DeviceError:  # say it again with every backend's devices listed, not only this one's
             placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
         if placement.fallback and request.backend is None and t.backend is None and not artifact:
-            placement = Placement("llamacpp", "cpu", placement.fallback)  # the default CPU backend
-        return open_decoder(placement.backend, path, placement.device, dopts), placement, None
+            placement = Placement(PREFERRED_BACKENDS["cpu"][0], "cpu", placement.fallback)  # the default
+        _check_fits(placement.backend, path, options.n_ctx, free)
+        single = placement
+        return Opening(placement, None, lambda: open_decoder(single.backend, path, single.device, dopts))
 
     inventory = discover()
     profiles = device_profiles(inventory, emulate_npu=request.emulate)
@@ -216,14 +247,17 @@ def open_requested(
             dev = next(
                 (p for p in profiles if p.kind == t.kind and p.backend == (t.backend or art.target)), None
             )
-            if dev is None or dev.backend == "llamacpp":
+            if dev is None or BACKENDS[dev.backend].runner is None:
                 raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
             where.append((dev.backend, dev.kind))
         popts = PartitionedOptions(
             capacity=options.n_ctx, threads=options.threads, precision=options.precision
         )
-        dec = open_artifact_decoder(path, where, options=popts)
-        return dec, Placement(dec.backend, dec.device), None
+        backends = "+".join(dict.fromkeys(b for b, _ in where))
+        kinds = "+".join(dict.fromkeys(k for _, k in where))
+        return Opening(
+            Placement(backends, kinds), None, lambda: open_artifact_decoder(path, where, options=popts)
+        )
 
     gguf = open_gguf(path)
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
@@ -234,14 +268,28 @@ def open_requested(
     if mode == "hetero":  # partitions run on graph backends; a bare kind means OpenVINO, then ONNX Runtime
         targets = [t if t.backend else Target(t.kind, _graph_backend(t.kind, profiles)) for t in targets]
     plan_ = plan(model, profiles, mode, targets, fallback=request.fallback)
+    first = plan_.partitions[0].device
+    # one partition or several, they hold the whole model and one KV between them: their backend sizes it
+    _check_fits(first.backend, path, ctx, free)
     if len(plan_.partitions) == 1 and not plan_.static:
-        p = plan_.partitions[0]
-        return open_decoder(p.device.backend, path, p.device.kind, dopts), _placement_of(plan_), plan_
-    return open_planned_decoder(path, plan_, options, log=log), _placement_of(plan_), plan_
+        return Opening(
+            _placement_of(plan_), plan_, lambda: open_decoder(first.backend, path, first.kind, dopts)
+        )
+    return Opening(_placement_of(plan_), plan_, lambda: open_planned_decoder(path, plan_, options, log=log))
+
+
+def open_requested(
+    path: Path, request: DeviceRequest, options: PlannedOptions, *, log: Callable[[str], None] | None = None
+) -> tuple[Decoder, Placement, Plan | None]:
+    """`resolve_request`, then open: the decoder, where it runs, and the plan when one was made."""
+    opening = resolve_request(path, request, options, log=log)
+    return opening.open(), opening.placement, opening.plan
 
 
 def _graph_backend(kind: str, profiles: list[DeviceProfile]) -> str:
-    for backend in ("openvino", "ort"):
+    """The preferred backend for `kind` that runs partitions (edge's own graphs)."""
+    graph = [b for b in PREFERRED_BACKENDS.get(kind, ()) if BACKENDS[b].runner is not None]
+    for backend in graph:
         if any(p.backend == backend and p.kind == kind for p in profiles):
             return backend
-    return "openvino"  # absent: the planner reports it with what exists
+    return graph[0] if graph else "openvino"  # absent: the planner reports it with what exists

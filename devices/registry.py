@@ -1,4 +1,6 @@
-"""Backend name -> how to open a `Decoder` on a model file. Adding a backend is one entry in `BACKENDS`.
+"""The backends, registered once: `BACKENDS` maps a name to everything edge knows of it (its discovery probe, how
+to open a `Decoder` on a model file, its graph runner, its memory estimate). Adding a backend is one entry;
+discovery, placement, the fallback order, the CLI and the planner read their names from here.
 
 Each factory imports its SDK inside itself, so a missing SDK only disables that backend.
 """
@@ -10,16 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge.devices.base import Decoder
-from edge.errors import BackendUnavailableError
+from edge.devices.discovery import BackendStatus, probe_coreml, probe_llamacpp, probe_openvino, probe_ort
+from edge.devices.memory import MemoryEstimate, MemoryEstimator, graph_memory, llamacpp_memory
+from edge.devices.runners import OpenVinoRunner, OrtRunner, Runner, RunnerOptions
+from edge.errors import BackendUnavailableError, DeviceError
 
 __all__ = [
     "BACKENDS",
-    "KNOWN_BACKENDS",
     "PRECISIONS",
+    "Backend",
     "DecoderOptions",
     "check_precision",
+    "estimate_memory",
+    "graph_runner",
     "open_decoder",
     "require_backend",
+    "runnable_backends",
 ]
 
 # fast: a backend may quantize activations to int8 (ORT accuracy level 4, OpenVINO's dynamic quantization)
@@ -44,6 +52,7 @@ class DecoderOptions:
 
 
 BackendFactory = Callable[[Path, str, DecoderOptions], Decoder]
+RunnerFactory = Callable[[Path, RunnerOptions], Runner]
 
 
 def _llamacpp(path: Path, device: str, opts: DecoderOptions) -> Decoder:
@@ -78,30 +87,76 @@ def _graph(backend: str) -> BackendFactory:
     return factory
 
 
-# Backends that can run a model today.
-BACKENDS: dict[str, BackendFactory] = {
-    "llamacpp": _llamacpp,
-    "ort": _graph("ort"),
-    "openvino": _graph("openvino"),
+@dataclass(frozen=True)
+class Backend:
+    """Everything edge knows of one backend."""
+
+    name: str
+    probe: Callable[[], BackendStatus]  # discovery: its version and usable devices, or why it is unavailable
+    open: BackendFactory | None = None  # a whole-model Decoder on a file; None: discovered, no Decoder yet
+    memory: MemoryEstimator | None = None  # what `open` takes, asked before it runs (required with `open`)
+    runner: RunnerFactory | None = None  # compiles and runs edge's own graph partitions (devices/runners.py)
+
+    @property
+    def runnable(self) -> bool:
+        return self.open is not None
+
+
+# In fallback order: a model whose device failed goes to the first of these that opens on the CPU.
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("llamacpp", probe_llamacpp, _llamacpp, llamacpp_memory),
+        Backend("ort", probe_ort, _graph("ort"), graph_memory, OrtRunner),
+        Backend("openvino", probe_openvino, _graph("openvino"), graph_memory, OpenVinoRunner),
+        Backend("coreml", probe_coreml),  # edge convert --target coreml; prediction needs macOS
+    )
 }
-# Backends edge knows of (discovery probes them) but has no Decoder for yet.
-KNOWN_BACKENDS = ("llamacpp", "ort", "openvino", "coreml")
 
 
-def require_backend(backend: str) -> BackendFactory:
-    """The factory of a runnable backend; any other name is an error naming the runnable ones."""
-    factory = BACKENDS.get(backend)
-    if factory is None:
-        runnable = ", ".join(BACKENDS)
-        what = "has no Decoder in this version of edge" if backend in KNOWN_BACKENDS else "is unknown"
+def runnable_backends() -> tuple[str, ...]:
+    """The backends that can run a model in this version, in fallback order."""
+    return tuple(name for name, b in BACKENDS.items() if b.runnable)
+
+
+def require_backend(backend: str) -> Backend:
+    """A runnable backend; any other name is an error naming the runnable ones."""
+    entry = BACKENDS.get(backend)
+    if entry is None or not entry.runnable:
+        runnable = ", ".join(runnable_backends())
+        what = "is unknown" if entry is None else "has no Decoder in this version of edge"
         raise BackendUnavailableError(
             f"backend {backend!r} {what}; runnable backends: {runnable}", hint=f"use one of: {runnable}"
         )
-    return factory
+    return entry
+
+
+def graph_runner(backend: str) -> RunnerFactory:
+    """The runner that compiles and runs edge's own graphs on `backend`."""
+    entry = BACKENDS.get(backend)
+    if entry is None or entry.runner is None:
+        have = sorted(b.name for b in BACKENDS.values() if b.runner is not None)
+        raise DeviceError(f"no graph runner for backend {backend!r}", hint=f"use one of {have}")
+    return entry.runner
+
+
+def estimate_memory(backend: str, path: str | Path, n_ctx: int) -> MemoryEstimate | None:
+    """What `backend` takes for the model file at `path` with `n_ctx` tokens of KV; None for an `edge convert`
+    artifact (its partitions are not sized here)."""
+    from edge.models.artifact import is_artifact
+    from edge.models.gguf_file import open_gguf
+
+    entry = require_backend(backend)
+    if entry.memory is None or is_artifact(Path(path)):
+        return None
+    return entry.memory(open_gguf(Path(path)), n_ctx)
 
 
 def open_decoder(
     backend: str, path: str | Path, device: str = "cpu", options: DecoderOptions | None = None
 ) -> Decoder:
-    """Open `backend` on `path` (model file checks are the caller's: see models.gguf_file.open_gguf)."""
-    return require_backend(backend)(Path(path), device, options or DecoderOptions())
+    """Open `backend` on `path`. Model file checks are the caller's (open_gguf), and so is the memory check
+    (`estimate_memory`, which devices.planned.resolve_request runs before anything is allocated)."""
+    entry = require_backend(backend)
+    assert entry.open is not None  # require_backend returns runnable ones only
+    return entry.open(Path(path), device, options or DecoderOptions())

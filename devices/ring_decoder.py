@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from edge.devices.base import Capabilities, KVFill
 from edge.devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
 from edge.kvcache import LayerSpec, RingKVCache, StepView
@@ -181,6 +182,15 @@ class RingDecoder:
     def max_rollback(self) -> int:
         """Tokens rollback() can always undo: the ring's undo log keeps only this many (speculation caps k)."""
         return self.cache.max_rollback
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(max_rollback=self.max_rollback, sinks=self)
+
+    def kv_fill(self) -> KVFill:
+        cache = self.cache
+        if not cache.capacity:  # every layer holds its whole window: nothing ever wraps
+            return KVFill(cache.position, self.n_ctx, cache.position, ring=False)
+        return KVFill(cache.position, int(cache.capacity), cache.fill, ring=True, sink=cache.sink)
 
     def rollback(self, n: int) -> None:
         with self._lock:

@@ -149,6 +149,3 @@ class OpenVinoRunner:
     def close(self) -> None:
         self.request = None  # type: ignore[assignment]
         self.compiled = None  # type: ignore[assignment]
-
-
-RUNNERS = {"ort": OrtRunner, "openvino": OpenVinoRunner}

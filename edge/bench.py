@@ -294,7 +294,8 @@ def _batch_costs(dec: Decoder, token: int, reps: int = 3) -> tuple[float, ...]:
 
 
 def _partition_times(dec: Decoder) -> list[float]:
-    return list(getattr(dec, "partition_seconds", []))
+    parts = dec.capabilities().partitions
+    return [] if parts is None else list(parts.partition_times())
 
 
 def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sample:
@@ -327,10 +328,8 @@ def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sam
             dec.forward(prompt, last_only=True)
             t_warm = time.perf_counter() - t0
             rss.sample()
-            labels = [
-                f"{p.layers.start}-{p.layers.stop - 1}{'+head' if p.head else ''} {p.backend}:{p.device}"
-                for p in getattr(dec, "partitions", [])
-            ]
+            parts_of = dec.capabilities().partitions
+            labels = [p.label for p in parts_of.partition_info()] if parts_of is not None else []
         finally:
             dec.close()
     mb = 2**20

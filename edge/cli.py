@@ -241,10 +241,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 # -- edge devices / models / pull ------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
     from edge.devices.discovery import discover
-    from edge.devices.placement import RUNNABLE_BACKENDS
     from edge.devices.probe import device_profiles
+    from edge.devices.registry import runnable_backends
 
     inv = discover()
+    runnable = runnable_backends()
     # the planner's measured bandwidth per (backend, device): cached figures, measured again with --probe
     probed = {
         (p.backend, p.name): p.bandwidth_gbs
@@ -254,7 +255,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         data = inv.to_dict()
         for b in data["backends"]:  # discovered is not the same as able to run a model in this version
-            b["runs_models"] = b["available"] and b["name"] in RUNNABLE_BACKENDS
+            b["runs_models"] = b["available"] and b["name"] in runnable
             for d in b["devices"]:
                 gbs = probed.get((b["name"], d["name"]))
                 d["probe_gb_s"] = None if gbs is None else round(gbs, 2)
@@ -280,7 +281,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             for d in b.devices
         )
         if b.available:
-            runs = b.name in RUNNABLE_BACKENDS
+            runs = b.name in runnable
             status = "[green]ready[/]" if runs else "found (no model runner in this version)"
         else:
             status = f"[yellow]unavailable[/]: {b.reason}"
@@ -463,7 +464,9 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
     )
-    p.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
+    p.add_argument(
+        "--backend", default=None, help="a backend that `edge devices` lists as ready (default llamacpp)"
+    )
     p.add_argument(
         "--fallback",
         nargs="?",

@@ -9,15 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edge.devices.base import Decoder
 from edge.devices.placement import Placement
-from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
+from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.devices.planner import Plan
-from edge.devices.registry import DecoderOptions, open_decoder
+from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
 from edge.drafters import open_drafters
-from edge.errors import DeviceError, DeviceLostError, EdgeError, InsufficientMemoryError
+from edge.errors import DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.arch import check_block_count
 from edge.models.artifact import is_artifact, open_artifact
@@ -296,10 +294,10 @@ class Model:
         prompt_ids = gen.prompt_ids
         if len(prompt_ids) < 2:
             return
-        set_sink = getattr(self.decoder, "set_sink", None)
+        sinks = self.decoder.capabilities().sinks
         try:
-            if gen.keep is not None and callable(set_sink):
-                set_sink(gen.keep)  # the ring geometry the conversation's next call asks for
+            if gen.keep is not None and sinks is not None:
+                sinks.set_sink(gen.keep)  # the ring geometry the conversation's next call asks for
             self.session.prepare(prompt_ids)
             self.decoder.forward(prompt_ids, last_only=True)
             self.session.settle(prompt_ids)
@@ -328,72 +326,13 @@ class Model:
 
 def _takeover_candidates(backend: str, device: str) -> list[tuple[str, str]]:
     """Where a model whose (backend, device) failed mid-run goes next: the same backend on the CPU, then
-    llama.cpp (the reference) on the CPU, then the other graph backends on the CPU."""
-    order = [(backend, "cpu"), ("llamacpp", "cpu"), ("ort", "cpu"), ("openvino", "cpu")]
+    every runnable backend on the CPU in the registry's fallback order (llama.cpp, the reference, first)."""
+    order = [(backend, "cpu")] + [(b, "cpu") for b in runnable_backends()]
     out: list[tuple[str, str]] = []
     for c in order:
         if c != (backend, device) and c not in out:
             out.append(c)
     return out
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    weights: int  # tensor data, mapped from the file
-    kv_cache: int  # f16 K and V for n_ctx tokens on every layer
-    scratch: int  # compute buffers (llama.cpp's attention scores for one batch dominate)
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv_cache + self.scratch
-
-
-def estimate_memory(gguf: GGUFFile, n_ctx: int, n_batch: int = 512) -> MemoryEstimate:
-    """What loading `gguf` with a context of n_ctx tokens takes, from the file's own hyper-parameters.
-
-    Hyper-parameters that are missing or not positive integers count as 0 (the tensor data still counts):
-    this is a fail-fast check, not a validation of the file.
-    """
-    md = gguf.metadata
-    arch = md.get("general.architecture")
-
-    def num(key: str, default: int) -> int:
-        v = md.get(f"{arch}.{key}", default)
-        if isinstance(v, np.ndarray) and v.size and v.dtype.kind in "iu":
-            v = int(v.max())  # per-layer values (e.g. KV heads per layer)
-        ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v > 0
-        return int(v) if ok else default
-
-    n_layer = num("block_count", 0)
-    n_embd = num("embedding_length", 0)
-    n_head = num("attention.head_count", 1)
-    n_head_kv = num("attention.head_count_kv", n_head)
-    k_len = num("attention.key_length", n_embd // n_head)
-    v_len = num("attention.value_length", k_len)
-    weights = sum(t.nbytes for t in gguf.tensors.values())
-    n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads the context to a multiple of 256
-    kv = 2 * n_ctx * n_layer * n_head_kv * (k_len + v_len)
-    scratch = 4 * min(n_batch, n_ctx) * (n_head * n_ctx + 8 * n_embd) + (32 << 20)
-    return MemoryEstimate(weights, kv, scratch)
-
-
-def check_memory(gguf: GGUFFile, n_ctx: int, available: int | None = None) -> MemoryEstimate:
-    """Raise InsufficientMemoryError, before anything is allocated, when the model cannot fit."""
-    import psutil
-
-    need = estimate_memory(gguf, n_ctx)
-    free = psutil.virtual_memory().available if available is None else available
-    if need.total > free:
-        mib = 1 << 20
-        raise InsufficientMemoryError(
-            f"{gguf.path.name} needs about {need.total // mib} MiB of memory (weights {need.weights // mib} MiB, "
-            f"KV cache for {n_ctx} tokens {need.kv_cache // mib} MiB, buffers {need.scratch // mib} MiB) "
-            f"but {free // mib} MiB is available",
-            needed=need.total,
-            available=free,
-            hint="close other programs, lower --ctx-size, or use a smaller (more quantized) model",
-        )
-    return need
 
 
 def load(
@@ -415,13 +354,17 @@ def load(
         # with the same text twice or a block_count beyond the tensors: both are checked here, before it
         # reads them.
         check_block_count(gguf.metadata, gguf.tensors)
-        check_memory(gguf, opts.n_ctx, opts.available_memory)
-    tokenizer = load_tokenizer(gguf.metadata)
     fallback = "cpu" if opts.fallback is True else (opts.fallback or None)
     request = DeviceRequest(opts.backend, opts.device, fallback, opts.emulate)
-    decoder, placement, plan = open_requested(
-        path, request, PlannedOptions(n_ctx=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
+    popts = PlannedOptions(
+        n_ctx=opts.n_ctx,
+        threads=opts.n_threads,
+        precision=opts.precision,
+        available_memory=opts.available_memory,
     )
+    opening = resolve_request(path, request, popts)  # where it runs, and whether it fits there
+    tokenizer = load_tokenizer(gguf.metadata)  # before any backend reads the file (see the NOTE above)
+    decoder, placement, plan = opening.open(), opening.placement, opening.plan
     try:
         display = name if name in CATALOG else path.name
         loaded = Model(display, path, gguf, decoder, placement, tokenizer=tokenizer)

@@ -101,9 +101,11 @@ class KVSession:
             self._cut = None
             return ids
         dec = self.decoder
-        set_sink = getattr(dec, "set_sink", None)
-        if callable(set_sink):
-            set_sink(keep)  # a change empties the cache; prepare() sees position != len(held) and resets
+        sinks = dec.capabilities().sinks
+        if sinks is not None:
+            sinks.set_sink(
+                keep
+            )  # a change empties the cache; prepare() sees position != len(held) and resets
         limit = dec.n_ctx
         k = max(0, min(keep, limit // 2, len(ids)))
         reserve = max(0, min(reserve, (limit - k) // 4))
@@ -196,29 +198,21 @@ class KVSession:
                 self.invalidate()
 
     def state(self) -> KVState:
-        dec = self.decoder
-        cache = getattr(dec, "cache", None)
-        capacity = getattr(cache, "capacity", None)
+        kv = self.decoder.kv_fill()
         cut = self._cut.dropped if self._cut is not None else 0
-        if cache is not None and capacity:
-            position, sink = int(cache.position), int(getattr(cache, "sink", 0))
+        if kv.ring:
             return KVState(
-                position=position,
-                capacity=int(capacity),
-                fill=int(cache.fill),
+                position=kv.position,
+                capacity=kv.capacity,
+                fill=kv.fill,
                 ring=True,
-                sink=sink,
-                dropped=cut + max(0, position - int(capacity)),  # the ring evicted all beyond its capacity
-                kept=sink,
+                sink=kv.sink,
+                dropped=cut + max(0, kv.position - kv.capacity),  # the ring evicted all beyond its capacity
+                kept=kv.sink,
             )
         kept = self._cut.keep if self._cut is not None and cut else 0
         return KVState(
-            position=dec.position,
-            capacity=dec.n_ctx,
-            fill=dec.position,
-            ring=False,
-            dropped=cut,
-            kept=kept,
+            position=kv.position, capacity=kv.capacity, fill=kv.fill, ring=False, dropped=cut, kept=kept
         )
 
 

@@ -195,13 +195,14 @@ class ChatApp(App[None]):
     @work(thread=True, group="devices")
     def discover_devices(self) -> None:
         from edge.devices.discovery import discover
-        from edge.devices.placement import RUNNABLE_BACKENDS
+        from edge.devices.registry import runnable_backends
 
         inv = discover()
+        runnable = runnable_backends()
         found = [
             f"{b.name}:{kind}"
             for b in inv.backends
-            if b.available and b.name in RUNNABLE_BACKENDS
+            if b.available and b.name in runnable
             for kind in sorted({d.kind for d in b.devices})
         ]
         self._ui(setattr, self, "devices", found)

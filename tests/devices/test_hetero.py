@@ -46,8 +46,9 @@ def greedy(path: Path, **opts: object) -> tuple[list[int], object]:
     with load(str(path), LoadOptions(n_ctx=512, precision="exact", **opts)) as m:  # type: ignore[arg-type]
         result = m.generate(PROMPT, GREEDY)
         dec = m.decoder
+        parts = dec.capabilities().partitions
         facts = {
-            "partition_seconds": list(getattr(dec, "partition_seconds", [])),
+            "partition_seconds": [] if parts is None else list(parts.partition_times()),
             "static": getattr(dec, "static", None),
             # every input and output shape of every compiled OpenVINO graph (prefill and decode variants)
             "shapes_static": [

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.devices.base import Decoder
+from edge.devices.base import Capabilities, Decoder, KVFill
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.drafters import NgramDrafter
@@ -33,8 +33,6 @@ class Recorder:
         self.events: list[tuple[str, int]] = []
         self.vocab_size, self.n_ctx = inner.vocab_size, inner.n_ctx
         self.backend, self.device = inner.backend, inner.device
-        self.max_rollback = getattr(inner, "max_rollback", None)
-        self.cache = getattr(inner, "cache", None)
 
     @property
     def position(self) -> int:
@@ -54,6 +52,12 @@ class Recorder:
 
     def close(self) -> None:
         self.inner.close()
+
+    def kv_fill(self) -> KVFill:
+        return self.inner.kv_fill()
+
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities()
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType as V
 
+from edge.devices.memory import llamacpp_memory
 from edge.errors import EdgeError, InsufficientMemoryError, ModelFormatError, TokenizerError
 from edge.generate import GenerationConfig
-from edge.model import LoadOptions, estimate_memory, load
+from edge.model import LoadOptions, load
 from edge.models.gguf_file import open_gguf
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.gguf_factory import craft_gguf, pack_kv, pack_string, pack_tensor_info
@@ -371,7 +372,7 @@ def test_model_larger_than_available_memory_fails_fast(tiny_model: Path) -> None
     assert isinstance(err, InsufficientMemoryError)
     assert err.available == 1 << 20 and err.needed > err.available
     assert "MiB of memory" in err.message and "but 1 MiB is available" in err.message
-    need = estimate_memory(open_gguf(tiny_model), 64)
+    need = llamacpp_memory(open_gguf(tiny_model), 64)
     assert need.weights == sum(t.nbytes for t in open_gguf(tiny_model).tensors.values())
     with load(str(tiny_model), LoadOptions(n_ctx=64, n_threads=1, available_memory=need.total)) as m:
         assert m.decoder.n_ctx >= 64  # exactly enough is enough
@@ -379,7 +380,7 @@ def test_model_larger_than_available_memory_fails_fast(tiny_model: Path) -> None
 
 def test_kv_cache_counts_toward_the_need(tiny_model: Path) -> None:
     g = open_gguf(tiny_model)
-    small, big = estimate_memory(g, 64), estimate_memory(g, 1 << 20)
+    small, big = llamacpp_memory(g, 64), llamacpp_memory(g, 1 << 20)
     # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes per token; llama.cpp pads 64 to 256 tokens
     assert big.kv_cache - small.kv_cache == ((1 << 20) - 256) * 2 * 2 * 2 * 32
     with pytest.raises(InsufficientMemoryError, match="KV cache for 1048576 tokens"):

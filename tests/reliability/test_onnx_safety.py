@@ -12,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.devices.runners import RUNNERS, RunnerOptions
+from edge.devices.registry import graph_runner
+from edge.devices.runners import RunnerOptions
 from edge.errors import ModelFormatError
 from edge.models.onnx_safety import check_onnx_file
 
@@ -59,7 +60,7 @@ def write_model(model_dir: Path, location: str, **kw: int) -> Path:
 
 
 def run(path: Path, backend: str = "ort") -> np.ndarray:
-    runner = RUNNERS[backend](path, RunnerOptions(threads=1))
+    runner = graph_runner(backend)(path, RunnerOptions(threads=1))
     return runner.run({"x": np.zeros(N, np.float32)}, ["y"])[0]
 
 

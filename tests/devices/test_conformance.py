@@ -1,0 +1,159 @@
+"""Every decoder edge can open keeps the whole `Decoder` contract (devices/base.py): the core calls, and the
+optional abilities it declares in `capabilities()` (a bounded rollback, sinks, partitions) work as declared.
+
+Run on a tiny generated model: every runnable backend of the registry, a partitioned artifact split across
+two backends, and the NPU-shaped (static) plan emulated on the CPU. Core ML has no Decoder (its models are
+exported only; prediction needs macOS): the registry says so and refuses to open it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.devices.base import Capabilities, Decoder
+from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
+from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
+from edge.devices.registry import DecoderOptions, open_decoder, require_backend, runnable_backends
+from edge.errors import BackendUnavailableError, DeviceError
+from edge.models.convert import ConvertOptions, convert
+from tests.tiny_models import TinySpec, write_tiny_model
+
+pytestmark = pytest.mark.usefixtures("edge_cache")
+
+SPEC = TinySpec(seed=11)
+IDS = [1, *range(300, 311)]  # 12 tokens
+CTX = 128
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("conformance") / "tiny.gguf", SPEC)
+
+
+def _partitioned(path: Path, tmp: Path) -> Decoder:
+    art = tmp / "art"
+    convert(path, art, ConvertOptions(target="openvino", ranges="0-0,1-1", precision="exact"))
+    opts = PartitionedOptions(capacity=CTX, threads=1)
+    return open_artifact_decoder(art, [("ort", "cpu"), ("openvino", "cpu")], options=opts)
+
+
+def _npu_emulated(path: Path, tmp: Path) -> Decoder:
+    opts = PlannedOptions(n_ctx=CTX, threads=1, prefill_chunk=8, static_capacity=64, precision="exact")
+    return open_requested(path, DeviceRequest(None, "npu", None, emulate=True), opts)[0]
+
+
+def _backend(name: str) -> Callable[[Path, Path], Decoder]:
+    def opener(path: Path, tmp: Path) -> Decoder:
+        return open_decoder(name, path, "cpu", DecoderOptions(n_ctx=CTX, n_threads=1, precision="exact"))
+
+    return opener
+
+
+# name -> (how to open it, whether it is partitioned)
+CASES: dict[str, tuple[Callable[[Path, Path], Decoder], bool]] = {
+    **{name: (_backend(name), False) for name in runnable_backends()},
+    "partitioned:ort+openvino": (_partitioned, True),
+    "npu-emulated(static)": (_npu_emulated, True),
+}
+
+
+@pytest.fixture(params=list(CASES))
+def case(request: pytest.FixtureRequest, model_file: Path, tmp_path: Path) -> Iterator[tuple[Decoder, bool]]:
+    opener, partitioned = CASES[request.param]
+    dec = opener(model_file, tmp_path)
+    try:
+        yield dec, partitioned
+    finally:
+        dec.close()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> None:
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_core_contract(case: tuple[Decoder, bool]) -> None:
+    dec, _ = case
+    assert isinstance(dec, Decoder)
+    assert dec.backend and dec.device and dec.n_ctx >= CTX // 2 and dec.vocab_size == SPEC.n_vocab
+    assert dec.position == 0 and dec.kv_fill().position == 0 and dec.kv_fill().fill == 0
+    full = dec.forward(IDS)
+    assert full.shape == (len(IDS), SPEC.n_vocab) and np.isfinite(full).all()
+    kv = dec.kv_fill()
+    assert dec.position == kv.position == kv.fill == len(IDS) <= kv.capacity
+    # a rollback within the declared limit leaves the state a fresh prefill of the rest would find
+    limit = dec.capabilities().max_rollback
+    k = 3 if limit is None else min(3, limit)
+    dec.rollback(k)
+    assert dec.position == len(IDS) - k
+    _same(dec.forward(IDS[-k:]), full[-k:])
+    last = dec.forward([IDS[0]], last_only=True)
+    assert last.shape == (1, SPEC.n_vocab) and dec.position == len(IDS) + 1
+    dec.reset()
+    assert dec.position == 0 and dec.kv_fill().fill == 0
+    _same(dec.forward(IDS[:6], last_only=True)[0], full[5])
+    dec.close()
+    with pytest.raises(DeviceError):
+        dec.forward([1])
+
+
+def test_declared_rollback_limit_is_exact(case: tuple[Decoder, bool]) -> None:
+    dec, _ = case
+    caps = dec.capabilities()
+    assert isinstance(caps, Capabilities)
+    n = 3 * len(IDS)
+    for _ in range(3):
+        dec.forward(IDS)
+    if caps.max_rollback is None:  # unbounded: back to the first token
+        dec.rollback(n - 1)
+        assert dec.position == 1
+        return
+    assert 0 < caps.max_rollback < n  # more was fed than the undo log holds
+    with pytest.raises(ValueError):
+        dec.rollback(caps.max_rollback + 1)
+    assert dec.position == n  # a refused rollback changes nothing
+    dec.rollback(caps.max_rollback)
+    assert dec.position == n - caps.max_rollback
+
+
+def test_sinks_when_declared(case: tuple[Decoder, bool]) -> None:
+    dec, _ = case
+    sinks = dec.capabilities().sinks
+    kv = dec.kv_fill()
+    if sinks is None:
+        assert not kv.ring and kv.sink == 0  # only a ring pins tokens
+        return
+    assert kv.ring and 0 < kv.sink <= sinks.max_sink
+    dec.forward(IDS)
+    assert sinks.set_sink(sinks.max_sink) is True
+    assert dec.position == 0 and dec.kv_fill().sink == sinks.max_sink  # a new geometry starts empty
+    assert sinks.set_sink(sinks.max_sink) is False
+    assert sinks.set_sink(10**6) is False  # clamped to the bound
+    dec.forward(IDS)
+    assert dec.position == len(IDS)
+
+
+def test_partitions_when_declared(case: tuple[Decoder, bool]) -> None:
+    dec, partitioned = case
+    parts = dec.capabilities().partitions
+    assert (parts is not None) == partitioned
+    if parts is None:
+        return
+    info = parts.partition_info()
+    assert [i for p in info for i in p.layers] == list(range(SPEC.n_layer))
+    assert [p.head for p in info] == [False] * (len(info) - 1) + [True]
+    before = parts.partition_times()
+    dec.forward(IDS)
+    after = parts.partition_times()
+    assert len(before) == len(after) == len(info)
+    assert all(b > a for a, b in zip(before, after, strict=True))
+    assert all(p.label.endswith(f"{p.backend}:{p.device}") for p in info)
+
+
+def test_coreml_is_registered_but_has_no_decoder() -> None:
+    assert "coreml" not in runnable_backends()
+    with pytest.raises(BackendUnavailableError, match="has no Decoder"):
+        require_backend("coreml")
