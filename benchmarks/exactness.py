@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from greedy_agreement import PROMPTS, greedy  # noqa: E402
 
 import tests.numpy_reference as reference  # noqa: E402
+from edge.api import load  # noqa: E402
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from edge.model import LoadOptions, load  # noqa: E402
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
-        with load(name, LoadOptions(backend="llamacpp", n_ctx=1024)) as m:
+        with load(name, backend="llamacpp", n_ctx=1024) as m:
             seq: list[int] = []
             for prompt in PROMPTS[:3]:
                 ids = m.prompt_ids(prompt)

@@ -27,9 +27,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edge.api import load  # noqa: E402
 from edge.devices.base import Decoder  # noqa: E402
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from edge.model import LoadOptions, load  # noqa: E402
 
 PROMPTS = (
     "Why is the sky blue?",
@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
-        with load(name, LoadOptions(backend="llamacpp", n_ctx=1024)) as ref_model:
+        with load(name, backend="llamacpp", n_ctx=1024) as ref_model:
             prompts = [ref_model.prompt_ids(p) for p in PROMPTS[: args.prompts]]
             refs = [greedy(ref_model.decoder, p, args.tokens) for p in prompts]
             path = ref_model.path

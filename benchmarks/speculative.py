@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 import psutil
 
+from edge.api import load
 from edge.bench import machine_info
 from edge.drafters import Drafter, ModelDrafter, NgramDrafter, open_drafter
 from edge.generate import Decoding, Generation, GenerationConfig, PlainDecoding
-from edge.model import LoadOptions, Model, load
+from edge.model import Model
 from edge.sampling import SamplingConfig
 from edge.speculative import DraftStats, SpecConfig, SpeculativeDecoding
 
@@ -343,7 +344,7 @@ def main() -> int:
     started = time.time()
     load_start = round(psutil.getloadavg()[0], 2)
 
-    model = load(TARGET, LoadOptions(n_ctx=2048, n_threads=args.threads))
+    model = load(TARGET, n_ctx=2048, n_threads=args.threads)
     drafter = open_drafter(
         DRAFT, model.tokenizer, model.name, model.decoder.vocab_size, n_ctx=2048, n_threads=args.threads
     )

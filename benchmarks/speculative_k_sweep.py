@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import speculative as bench  # the sibling benchmark: its prompt and its timed runner
 
+from edge.api import load
 from edge.drafters import NgramDrafter
 from edge.generate import GenerationConfig
-from edge.model import LoadOptions, load
 from edge.speculative import SpecConfig
 
 
@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    model = load(bench.TARGET, LoadOptions(n_ctx=4096, n_threads=args.threads))
+    model = load(bench.TARGET, n_ctx=4096, n_threads=args.threads)
     ids = model.prompt_ids(bench.EDIT_PROMPT)
     cfg = GenerationConfig(max_tokens=args.tokens)
     variants: dict[str, Any] = {

@@ -89,15 +89,18 @@ def graph_memory(gguf: GGUFFile, n_ctx: int, chunk: int = 256) -> MemoryEstimate
     return MemoryEstimate(_weights(gguf), kv, scratch, "f32")
 
 
-def check_fits(need: MemoryEstimate, what: str, n_ctx: int, available: int | None = None) -> None:
-    """Raise InsufficientMemoryError when `need` exceeds the free memory (`available` pins it)."""
+def check_fits(
+    need: MemoryEstimate, name: str, backend: str, n_ctx: int, available: int | None = None
+) -> None:
+    """Raise InsufficientMemoryError when `need` (model `name` on `backend`) exceeds the free memory
+    (`available` pins it)."""
     import psutil
 
     free = psutil.virtual_memory().available if available is None else available
     if need.total <= free:
         return
     raise InsufficientMemoryError(
-        f"{what} needs about {need.total // _MIB} MiB of memory (weights {need.weights // _MIB} MiB, "
+        f"{name} needs about {need.total // _MIB} MiB of memory on {backend} (weights {need.weights // _MIB} MiB, "
         f"KV cache for {n_ctx} tokens {need.kv_cache // _MIB} MiB in {need.kv_dtype}, "
         f"buffers {need.scratch // _MIB} MiB) but {free // _MIB} MiB is available",
         needed=need.total,

@@ -183,7 +183,7 @@ def _check_fits(backend: str, path: Path, n_ctx: int, available: int | None) -> 
     """The backend sizes the model before anything is allocated (InsufficientMemoryError when it cannot fit)."""
     need = estimate_memory(backend, path, n_ctx)
     if need is not None:
-        check_fits(need, f"{path.name} on {backend}", n_ctx, available)
+        check_fits(need, path.name, backend, n_ctx, available)
 
 
 def resolve_request(

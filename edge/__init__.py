@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from edge.api import GenerateOptions, Model, Stream, load
+    from edge.api import load
     from edge.errors import (
         BackendUnavailableError,
         ContextOverflowError,
@@ -29,16 +29,17 @@ if TYPE_CHECKING:
         ModelFormatError,
         ModelNotFoundError,
     )
-    from edge.model import Result
+    from edge.model import Model, Result, Stream
+    from edge.options import GenerateOptions
     from edge.server import serve
     from edge.session import KVState
 
 # public name -> module that defines it (imported lazily by __getattr__)
 _LAZY = {
     "load": "edge.api",
-    "Model": "edge.api",
-    "Stream": "edge.api",
-    "GenerateOptions": "edge.api",
+    "Model": "edge.model",
+    "Stream": "edge.model",
+    "GenerateOptions": "edge.options",
     "Result": "edge.model",
     "KVState": "edge.session",
     "serve": "edge.server",  # imports the server's stack (Starlette, uvicorn) only when used

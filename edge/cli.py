@@ -58,8 +58,8 @@ def _draft_json(draft: Any, backend: str, precision: str | None, args: argparse.
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from edge.api import load
     from edge.generate import GenerationConfig
-    from edge.model import LoadOptions, load
     from edge.sampling import SamplingConfig
 
     positional: list[str] = args.args
@@ -89,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop or ()), sampling=sampling)
-    opts = LoadOptions(
+    with load(
+        model,
         backend=args.backend,
         device=args.device,
         fallback=args.fallback or False,
@@ -100,8 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         draft=args.draft,
         draft_device=args.draft_device,
         draft_k=args.draft_k,
-    )
-    with load(model, opts) as m:
+    ) as m:
         p = m.placement
         if args.explain:
             print(_explain(m), file=sys.stderr)
@@ -153,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _explain(m: Any) -> str:
     """The plan of `edge run --explain`: the planner's when the request went through it, else the one device."""
     if m.plan is not None:
-        return f"{m.name}: {m.plan.explain()}"
+        return f"{m.name}: {m.plan}"
     p = m.placement
     note = f" (fallback {p.fallback})" if p.fallback else ""
     what = "llama.cpp owns the graph" if p.backend == "llamacpp" else "edge's graph with the ring-buffer KV"

@@ -1,4 +1,17 @@
-"""Loading a model (file checks, tokenizer, template, backend) and running prompts on it."""
+"""`Model`: a loaded model, the one object applications (`edge.load`), the CLI, the server and the chat app use.
+
+It holds the tokenizer, the chat template, the decoder and the KV session, serializes generations, renders
+prompts and chats, and moves to another device when its own fails mid-run (with fallback). Example::
+
+    import edge
+
+    with edge.load("smollm2-135m") as model:
+        print(model.generate("Why is the sky blue?", max_tokens=64).text)
+        for piece in model.stream("Write a haiku about the sea"):
+            print(piece, end="", flush=True)
+
+See docs/api.md for the whole surface.
+"""
 
 from __future__ import annotations
 
@@ -11,41 +24,20 @@ from typing import Any
 
 from edge.devices.base import Decoder
 from edge.devices.placement import Placement
-from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
-from edge.drafters import open_drafters
 from edge.errors import DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
-from edge.models.arch import check_block_count
-from edge.models.artifact import is_artifact, open_artifact
-from edge.models.catalog import CATALOG
 from edge.models.chat_template import ChatTemplate, template_from_metadata
-from edge.models.gguf_file import GGUFFile, open_gguf
-from edge.models.store import PullProgress, resolve_model
-from edge.models.tokenizer import Tokenizer, load_tokenizer
-from edge.session import KVSession, common_prefix
-from edge.speculative import SpecConfig, SpeculativeDecoding
+from edge.models.gguf_file import GGUFFile
+from edge.models.tokenizer import Tokenizer
+from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
+from edge.session import KVSession, KVState, common_prefix
+from edge.speculative import SpeculativeDecoding
 
+__all__ = ["ChatMessage", "Model", "Result", "Stream"]
 
-@dataclass(frozen=True)
-class LoadOptions:
-    backend: str | None = None
-    device: str = "cpu"  # cpu | gpu | npu | auto | hetero:[backend:]device,...
-    # A device kind to run on when the asked-for one is absent (announced); True means "cpu".
-    fallback: bool | str = False
-    emulate: bool = False  # --device npu: the NPU-shaped static graphs compiled on the CPU
-    n_ctx: int = 4096
-    n_threads: int | None = None
-    precision: str = "fast"  # fast | exact (see devices.registry.PRECISIONS)
-    # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
-    available_memory: int | None = None
-    # Speculative decoding: auto (prompt lookup, plus a compatible catalog draft model already pulled, on
-    # the own-graph backends; see edge.drafters.open_drafters), none, ngram or a draft model (catalog name
-    # or path); the draft's [backend:]device, and the most tokens drafted per target forward.
-    draft: str | None = "auto"
-    draft_device: str = "cpu"
-    draft_k: int = 16
+ChatMessage = Mapping[str, Any]  # {"role": "system" | "user" | "assistant", "content": str}
 
 
 @dataclass(frozen=True)
@@ -59,24 +51,81 @@ class Result:
     fallback: str | None
 
 
+class Stream:
+    """Text pieces as they are generated; after iteration `.result` holds the `Result`.
+
+    Iterating holds the model (other calls wait); `close()` or leaving a `with` block early stops the
+    generation and frees it::
+
+        with model.stream("Tell me a story") as s:
+            for piece in s:
+                print(piece, end="")
+        print(s.result.stats.decode_tok_s)
+    """
+
+    def __init__(self, pieces: Generator[str, None, Result]) -> None:
+        self._pieces = pieces
+        self.result: Result | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._pieces)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _config(config: GenerationConfig | None, options: Mapping[str, Any]) -> GenerationConfig:
+    """A call's GenerationConfig: the one given, or built from `GenerateOptions` keywords (invalid ones fail
+    before the model is taken)."""
+    if config is None:
+        return GenerateOptions(**options).config()
+    if options:
+        raise TypeError(f"pass a GenerationConfig or keyword options, not both (got {sorted(options)})")
+    return config
+
+
 class Model:
-    """A loaded model. Calls are serialized: two threads never interleave tokens into one KV cache."""
+    """A loaded model (`edge.load` makes one). Thread-safe: concurrent calls are queued, one generation at a
+    time per model, so tokens of two calls never mix in one KV cache. Each call reuses the KV the previous one
+    left where the prompts share a prefix (a chat's earlier turns), so a turn prefills only its new text.
+
+    >>> import edge, threading
+    >>> stop = threading.Event()
+    >>> with edge.load("smollm2-135m") as m:                       # doctest: +SKIP
+    ...     r = m.chat([{"role": "user", "content": "Hi!"}], max_tokens=32, cancel=stop)
+    ...     print(r.text, r.stats.ttft_ms, r.backend, r.device)
+    """
 
     def __init__(
         self,
         name: str,
         path: Path,
         gguf: GGUFFile,
+        tokenizer: Tokenizer,
         decoder: Decoder,
         placement: Placement,
         *,
-        tokenizer: Tokenizer | None = None,
+        device_plan: Plan | None = None,
+        options: LoadOptions | None = None,
     ) -> None:
         self.name = name
         self.path = path
         self.gguf = gguf
-        self.tokenizer: Tokenizer = tokenizer or load_tokenizer(gguf.metadata)
-        tok = self.tokenizer
+        self.tokenizer = tokenizer
+        tok = tokenizer
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
         self.template: ChatTemplate | None = template_from_metadata(
@@ -84,13 +133,53 @@ class Model:
         )
         self.decoder = decoder
         self.placement = placement
+        self.device_plan = device_plan  # the planner's plan, when the device request went through it
+        self.options = options or LoadOptions()  # n_ctx, threads and fallback for a device switch
         self.session = KVSession(decoder)  # the ids the KV holds: each prompt prefills only its new suffix
+        self.speculative: SpeculativeDecoding | None = None  # edge.load(..., draft=...) sets it
         self._lock = threading.RLock()
         self._busy = False  # a generation is running (the RLock alone lets one thread interleave two)
-        self.speculative: SpeculativeDecoding | None = None  # load(..., LoadOptions(draft=...)) sets it
-        self.plan: Plan | None = None  # the planner's plan, when the device request went through it
-        self.options = LoadOptions()  # load() sets them: n_ctx, threads and fallback for a device switch
         self._closed = False
+
+    # -- what was loaded -------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return self.placement.backend
+
+    @property
+    def device(self) -> str:
+        return self.placement.device
+
+    @property
+    def fallback(self) -> str | None:
+        """None, or what replaced what: "npu -> cpu" when the requested device was absent, "ort:gpu failed ->
+        ort:cpu" after a device failed mid-run (loaded with fallback; the failing call raised DeviceLostError)."""
+        return self.placement.fallback
+
+    @property
+    def plan(self) -> str | None:
+        """The planner's plan and why (what `edge run --explain` prints) when the device request went through
+        it (auto, hetero:..., an emulated NPU); None for one whole-model device."""
+        return None if self.device_plan is None else self.device_plan.explain()
+
+    @property
+    def has_chat_template(self) -> bool:
+        """False for a base model: `chat` then runs as plain completion over the messages' contents."""
+        return self.template is not None
+
+    @property
+    def draft(self) -> str | None:
+        return None if self.speculative is None else self.speculative.name
+
+    def kv_state(self) -> KVState:
+        """Position and fill of the KV cache (ring buffer fill and wrap where the backend has one)."""
+        with self._lock:
+            return self.session.state()
+
+    def reset(self) -> None:
+        """Forget the KV cache (the next call prefills its whole prompt)."""
+        with self._lock:
+            self.session.invalidate()
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -117,13 +206,13 @@ class Model:
             ids.insert(0, tok.bos_id)
         return ids
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
         if self.template is None:
             # a base model: plain completion over the concatenated contents
             return "".join(str(m.get("content", "")) for m in messages)
         return self.template.render(messages, add_generation_prompt=True)
 
-    def system_span(self, messages: Sequence[Mapping[str, Any]]) -> int:
+    def system_span(self, messages: Sequence[ChatMessage]) -> int:
         """How many leading ids of the conversation's rendered prompt are its system prompt (kept when older
         turns leave the window): the leading system messages rendered alone, or a default system prompt the
         template adds (a user turn and an assistant turn rendered first share it). 0 when there is none."""
@@ -150,40 +239,121 @@ class Model:
         ]
         return self.encode_prompt(self.render_chat(messages))
 
-    # -- generation ------------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt: str,
-        config: GenerationConfig | None = None,
-        *,
-        raw: bool = False,
-        cancel: Callable[[], bool] | None = None,
-    ) -> Iterator[str]:
-        """Yield text pieces as they are generated; the lock is held until the generator finishes."""
-        ids = self.prompt_ids(prompt, raw=raw)
-        with self._turn():
-            self.session.invalidate()  # a from-scratch prefill (stream_ids reuses the KV)
-            gen = self._generation(ids, config, cancel, None)
-            yield from self._guarded(gen)
-            self.last = self._result(gen)
+    def chat_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The prompt ids of a conversation: the chat template with the generation prompt, or for a base model
+        the contents concatenated."""
+        return self.encode_prompt(self.render_chat(messages))
 
+    # -- generation ------------------------------------------------------------------------------
     def generate(
         self,
         prompt: str,
         config: GenerationConfig | None = None,
         *,
+        system: str | None = None,
         raw: bool = False,
         on_text: Callable[[str], None] | None = None,
-        cancel: Callable[[], bool] | None = None,
+        cancel: Cancel = None,
+        reuse: bool = True,
+        **options: Any,
     ) -> Result:
-        ids = self.prompt_ids(prompt, raw=raw)
-        with self._turn():
-            self.session.invalidate()  # a from-scratch prefill (stream_ids reuses the KV)
-            gen = self._generation(ids, config, cancel, None)
-            for piece in self._guarded(gen):
+        """Answer one prompt (the chat template applied unless `raw` or a base model).
+
+        `options` are `GenerateOptions` fields (max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
+        seed, stop), or `config` a whole GenerationConfig. `reuse` (default True) keeps the KV of the previous
+        call up to the common prefix; False prefills from scratch. `on_text` gets each text piece as it comes;
+        `cancel` (a threading.Event or a callable) stops the generation within one token, with
+        `result.stats.stop_reason == "cancelled"`.
+
+        >>> m.generate("2+2=", raw=True, max_tokens=4).text          # doctest: +SKIP
+        '4'
+        """
+        ids = self.prompt_ids(prompt, raw=raw, system=system)
+        return self._run(ids, _config(config, options), on_text, cancel, reuse)
+
+    def stream(
+        self,
+        prompt: str,
+        config: GenerationConfig | None = None,
+        *,
+        system: str | None = None,
+        raw: bool = False,
+        cancel: Cancel = None,
+        reuse: bool = True,
+        **options: Any,
+    ) -> Stream:
+        """Like `generate`, as an iterator of text pieces (`Stream`; its `.result` is set at the end).
+
+        >>> for piece in m.stream("Name three colours", max_tokens=24):   # doctest: +SKIP
+        ...     print(piece, end="", flush=True)
+        """
+        ids = self.prompt_ids(prompt, raw=raw, system=system)
+        return self._stream(ids, _config(config, options), cancel, reuse)
+
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        config: GenerationConfig | None = None,
+        *,
+        on_text: Callable[[str], None] | None = None,
+        cancel: Cancel = None,
+        reuse: bool = True,
+        **options: Any,
+    ) -> Result:
+        """Answer the last message of a conversation (the whole list is the prompt; append the answer and the
+        next user message for the next turn: the earlier turns' KV is reused). When the conversation outgrows
+        the context its oldest turns are dropped and the system prompt kept (`result.stats.window_note`).
+
+        >>> msgs = [{"role": "user", "content": "Name a fruit."}]             # doctest: +SKIP
+        >>> msgs.append({"role": "assistant", "content": m.chat(msgs).text})
+        >>> msgs.append({"role": "user", "content": "Another one?"})
+        >>> m.chat(msgs).stats.n_cached_tokens > 0
+        True
+        """
+        keep = self.system_span(messages)
+        return self._run(self.chat_ids(messages), _config(config, options), on_text, cancel, reuse, keep)
+
+    def chat_stream(
+        self,
+        messages: Sequence[ChatMessage],
+        config: GenerationConfig | None = None,
+        *,
+        cancel: Cancel = None,
+        reuse: bool = True,
+        **options: Any,
+    ) -> Stream:
+        """`chat` as an iterator of text pieces (`Stream`)."""
+        ids = self.chat_ids(messages)
+        return self._stream(ids, _config(config, options), cancel, reuse, self.system_span(messages))
+
+    def _run(
+        self,
+        ids: Sequence[int],
+        config: GenerationConfig,
+        on_text: Callable[[str], None] | None,
+        cancel: Cancel,
+        reuse: bool,
+        keep: int | None = None,
+    ) -> Result:
+        stream = self._stream(ids, config, cancel, reuse, keep)
+        with stream:
+            for piece in stream:
                 if on_text is not None:
                     on_text(piece)
-            return self._result(gen)
+        assert stream.result is not None
+        return stream.result
+
+    def _stream(
+        self,
+        ids: Sequence[int],
+        config: GenerationConfig,
+        cancel: Cancel,
+        reuse: bool,
+        keep: int | None = None,
+    ) -> Stream:
+        """`keep`: a conversation's system prompt span (kept when older turns leave the window), None for a
+        single prompt (too long for the context stays an error)."""
+        return Stream(self.stream_ids(ids, config, cancel=cancel_poller(cancel), reuse=reuse, keep=keep))
 
     def stream_ids(
         self,
@@ -200,7 +370,7 @@ class Model:
         With `reuse` the KV the previous call left is kept up to the common prefix (edge.session) and only the
         rest is prefilled. NOTE: llama.cpp's logits depend on how a prompt is split into batches (bit-exact
         for Q4_1 splits of >= 2 tokens, not for K-quants), so reuse may flip a near-tie; reuse=False always
-        prefills from scratch, as `generate` and `stream` do.
+        prefills from scratch.
         `keep`: the ids are a conversation whose first `keep` ids are its system prompt (`system_span`): when it
         outgrows the context its oldest turns are dropped and those kept (`KVSession.window`).
         """
@@ -280,7 +450,7 @@ class Model:
 
     def _switch(self, decoder: Decoder, placement: Placement) -> None:
         old = self.decoder
-        self.decoder, self.placement, self.plan = decoder, placement, None
+        self.decoder, self.placement, self.device_plan = decoder, placement, None
         self.session = self.session.moved_to(decoder)
         if self.speculative is not None:
             spec = self.speculative
@@ -310,7 +480,9 @@ class Model:
             gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback
         )
 
+    # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
+        """Free the model (waits for a running generation)."""
         with self._lock:
             self._closed = True
             if self.speculative is not None:
@@ -323,6 +495,9 @@ class Model:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return f"<edge.Model {self.name} on {self.backend}:{self.device}>"
+
 
 def _takeover_candidates(backend: str, device: str) -> list[tuple[str, str]]:
     """Where a model whose (backend, device) failed mid-run goes next: the same backend on the CPU, then
@@ -333,59 +508,3 @@ def _takeover_candidates(backend: str, device: str) -> list[tuple[str, str]]:
         if c != (backend, device) and c not in out:
             out.append(c)
     return out
-
-
-def load(
-    model: str | None = None, options: LoadOptions | None = None, *, on_progress: PullProgress | None = None
-) -> Model:
-    """Load a catalog model (pulled on first use; `on_progress` sees the pull, None shows it on stderr) or a
-    local .gguf file."""
-    from edge.models.catalog import DEFAULT_MODEL
-
-    opts = options or LoadOptions()
-    name = model or DEFAULT_MODEL
-    path = resolve_model(name, on_progress=on_progress)
-    artifact = open_artifact(path) if is_artifact(path) else None  # `edge convert -o DIR` output
-    if artifact is not None:
-        gguf = artifact.metadata  # tokenizer, template and hyper-parameters; the weights are its partitions
-    else:
-        gguf = open_gguf(path)  # validates the whole file layout before any native code sees it
-        # NOTE: llama.cpp aborts the whole process (GGML_ASSERT) on some lying metadata, e.g. a vocabulary
-        # with the same text twice or a block_count beyond the tensors: both are checked here, before it
-        # reads them.
-        check_block_count(gguf.metadata, gguf.tensors)
-    fallback = "cpu" if opts.fallback is True else (opts.fallback or None)
-    request = DeviceRequest(opts.backend, opts.device, fallback, opts.emulate)
-    popts = PlannedOptions(
-        n_ctx=opts.n_ctx,
-        threads=opts.n_threads,
-        precision=opts.precision,
-        available_memory=opts.available_memory,
-    )
-    opening = resolve_request(path, request, popts)  # where it runs, and whether it fits there
-    tokenizer = load_tokenizer(gguf.metadata)  # before any backend reads the file (see the NOTE above)
-    decoder, placement, plan = opening.open(), opening.placement, opening.plan
-    try:
-        display = name if name in CATALOG else path.name
-        loaded = Model(display, path, gguf, decoder, placement, tokenizer=tokenizer)
-        loaded.plan = plan
-        loaded.options = opts
-        spec = SpecConfig(k_max=opts.draft_k)  # invalid options fail before a draft loads
-        drafters = open_drafters(
-            opts.draft,
-            loaded.tokenizer,
-            display,
-            decoder.vocab_size,
-            target_backend=placement.backend,
-            target_path=path,
-            device=opts.draft_device,
-            n_ctx=opts.n_ctx,
-            n_threads=opts.n_threads,
-            precision=opts.precision,
-        )
-        if drafters:
-            loaded.speculative = SpeculativeDecoding(decoder, drafters, spec)
-        return loaded
-    except BaseException:
-        decoder.close()
-        raise

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
 
     from edge import Model, Result
-    from edge.api import PullProgress
+    from edge.models.store import PullProgress
     from edge.session import KVState
 
     # Loads the model the settings name; the callback sees a download of a catalog model not pulled yet.

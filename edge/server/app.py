@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.api import GenerateOptions, Model, Stream
 from edge.errors import ContextOverflowError, EdgeError, ModelNotFoundError, TemplateError
-from edge.model import Result
+from edge.model import Model, Result, Stream
+from edge.options import GenerateOptions
 from edge.server import protocol as p
 from edge.server.config import ServerConfig
 from edge.server.registry import ModelBusyError, Registry
@@ -109,9 +109,9 @@ class Prepared:
 def _render(sched: Scheduler, messages: list[dict[str, str]]) -> tuple[list[int], int]:
     """A conversation's prompt ids and its system prompt span, rendered once, here, for every replica.
     NOTE: one template renders at a time (its sandbox keeps one deadline per template)."""
-    engine = sched.replicas[0].engine
+    model = sched.replicas[0]
     with sched.render_lock:
-        return engine.encode_prompt(engine.render_chat(messages)), engine.system_span(messages)
+        return model.chat_ids(messages), model.system_span(messages)
 
 
 def _runner(ids: list[int], opts: dict[str, Any], keep: int | None) -> Runner:
@@ -119,7 +119,7 @@ def _runner(ids: list[int], opts: dict[str, Any], keep: int | None) -> Runner:
     config = GenerateOptions(**opts).config()  # invalid options are a 400 before the job is queued
 
     def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
-        stream = Stream(model.engine.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep))
+        stream = Stream(model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep))
         with stream:
             for piece in stream:
                 emit(piece)
@@ -163,7 +163,7 @@ class Handlers:
         messages = req.chat_messages()
         sched = await self._scheduler(req.model)
         ids, keep = await run_in_threadpool(_render, sched, messages)
-        n_ctx = sched.replicas[0].engine.decoder.n_ctx
+        n_ctx = sched.replicas[0].decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "messages")
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, param, len(ids), n_ctx)}
@@ -175,8 +175,8 @@ class Handlers:
         prompt = req.text()
         sched = await self._scheduler(req.model)
         first = sched.replicas[0]
-        ids = await run_in_threadpool(first.engine.encode_prompt, prompt)
-        n_ctx = first.engine.decoder.n_ctx
+        ids = await run_in_threadpool(first.encode_prompt, prompt)
+        n_ctx = first.decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "prompt")
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, "max_tokens", len(ids), n_ctx)}
         return Prepared(req.model, sched, ids, _runner(ids, opts, None), req.stream, req.include_usage)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import edge.api
+import edge.model
 from edge.errors import EdgeError, ModelNotFoundError
 from edge.server.config import LoadSettings, ServerConfig
 from edge.server.scheduler import Scheduler
@@ -28,10 +29,10 @@ class ModelBusyError(EdgeError):
     """`--models-max` models are loaded and all of them are serving requests."""
 
 
-Loader = Callable[[str, LoadSettings, int | None], edge.api.Model]
+Loader = Callable[[str, LoadSettings, int | None], edge.model.Model]
 
 
-def load_model(ref: str, settings: LoadSettings, n_threads: int | None) -> edge.api.Model:
+def load_model(ref: str, settings: LoadSettings, n_threads: int | None) -> edge.model.Model:
     return edge.api.load(
         ref,
         device=settings.device,
@@ -97,7 +98,7 @@ class Registry:
         n = self.config.parallel
         log.info("loading model %s (%d replica%s)", ref, n, "" if n == 1 else "s")
         t0 = time.monotonic()
-        replicas: list[edge.api.Model] = []
+        replicas: list[edge.model.Model] = []
         try:
             for _ in range(n):
                 replicas.append(self._loader(ref, self.config.load, self._threads()))

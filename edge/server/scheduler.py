@@ -20,9 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge.api import Model
 from edge.errors import EdgeError
-from edge.model import Result
+from edge.model import Model, Result
 from edge.session import common_prefix
 
 __all__ = ["Done", "Failed", "Job", "JobRecord", "QueueFull", "Scheduler"]
@@ -105,7 +104,7 @@ class _Worker:
             self.ready.notify()
 
     def held(self) -> list[int]:
-        return self.model.engine.session.held  # read only while this worker is idle
+        return self.model.session.held  # read only while this worker is idle
 
     def _loop(self) -> None:
         while True:

@@ -6,9 +6,8 @@ import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
-from edge.api import Stream
 from edge.generate import GenerationStats
-from edge.model import Result
+from edge.model import Result, Stream
 from edge.session import KVState
 
 ANSWER = "Paris is the capital of France.\n\n```python\nprint('bonjour')\n```\n\n- the Seine\n- the Louvre"

@@ -16,12 +16,12 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Label, OptionList, ProgressBar
 
-from edge.api import PullProgress
 from edge.apps.tui.app import ChatApp
 from edge.apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
 from edge.apps.tui.settings import ChatSettings
 from edge.apps.tui.storage import Conversation, ConversationStore, Message
 from edge.apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
+from edge.models.store import PullProgress
 from tests.apps.fake_model import ANSWER, FakeModel
 
 SIZE = (100, 34)

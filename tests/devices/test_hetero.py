@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from edge.api import load
 from edge.generate import GenerationConfig
-from edge.model import LoadOptions, load
 from edge.models.store import resolve_model
 from edge.sampling import SamplingConfig
 from tests.shared_cache import share_models
@@ -43,8 +43,8 @@ def greedy(path: Path, **opts: object) -> tuple[list[int], object]:
     """Greedy tokens, and what ran them: placement, plan, and the decoder's per-partition facts (read before
     the model closes). Exact precision: the same greedy tokens on every backend and plan is its promise (fast
     lets each runtime round its int8 activations its own way)."""
-    with load(str(path), LoadOptions(n_ctx=512, precision="exact", **opts)) as m:  # type: ignore[arg-type]
-        result = m.generate(PROMPT, GREEDY)
+    with load(str(path), n_ctx=512, precision="exact", **opts) as m:  # type: ignore[arg-type]
+        result = m.generate(PROMPT, GREEDY, reuse=False)
         dec = m.decoder
         parts = dec.capabilities().partitions
         facts = {
@@ -58,7 +58,7 @@ def greedy(path: Path, **opts: object) -> tuple[list[int], object]:
                 if r.backend == "openvino"
             ],
         }
-        return result.token_ids, (m.placement, m.plan, facts)
+        return result.token_ids, (m.placement, m.device_plan, facts)
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])

@@ -177,19 +177,19 @@ def test_graph_decoder_rollback_limit_and_ring_wrap(
 def test_model_turns_reuse_the_kv_with_a_draft(files: dict[str, Path]) -> None:
     """Model.generate with a draft, turn after turn: the target's session and the draft's KV keep the shared
     prefix, and the output equals the model without a draft."""
-    from edge.model import LoadOptions, load
+    from edge.api import load
 
     cfg = GenerationConfig(max_tokens=30, ignore_eos=True)
     turns = ["w1 w2 w3", "w1 w2 w3 w4 w5", "w1 w2 w3 w4 w5 w6 w7"]
-    with load(str(files["target"]), LoadOptions(n_ctx=512)) as plain_model:
-        plain = [plain_model.generate(t, cfg, raw=True).token_ids for t in turns]
-    with load(str(files["target"]), LoadOptions(n_ctx=512, draft=str(files["draft"]))) as m:
+    with load(str(files["target"]), n_ctx=512) as plain_model:
+        plain = [plain_model.generate(t, cfg, reuse=False, raw=True).token_ids for t in turns]
+    with load(str(files["target"]), n_ctx=512, draft=str(files["draft"])) as m:
         assert m.speculative is not None
         drafter = m.speculative.drafter
         assert isinstance(drafter, ModelDrafter)
         for text, expected in zip(turns, plain, strict=True):
             prompt = m.prompt_ids(text, raw=True)
-            result = m.generate(text, cfg, raw=True)
+            result = m.generate(text, cfg, reuse=False, raw=True)
             assert result.token_ids == expected
             assert result.stats.draft is not None and result.stats.draft.method == "draft.gguf"
             # the draft KV still starts with this turn's prompt (all but its last token)
@@ -408,22 +408,22 @@ def test_cli_draft_json_summary_and_refusal(files: dict[str, Path]) -> None:
 
 @pytest.mark.slow
 def test_qwen_pair_greedy_equals_target_and_smollm_is_refused() -> None:
-    from edge.model import LoadOptions, load
+    from edge.api import load
 
     cfg = GenerationConfig(max_tokens=40)
     prompt = "Write a Python function that returns the n-th Fibonacci number."
-    with load("qwen2.5-coder-1.5b", LoadOptions(n_ctx=1024, draft="qwen2.5-coder-0.5b")) as m:
+    with load("qwen2.5-coder-1.5b", n_ctx=1024, draft="qwen2.5-coder-0.5b") as m:
         assert m.speculative is not None
         drafter = m.speculative.drafter
         # a fixed k = 4 verifies 5 tokens per target forward (adaptive k may find plain steps cheaper here)
         m.speculative = SpeculativeDecoding(m.decoder, drafter, SpecConfig(adaptive=False, k_max=4))
-        spec = m.generate(prompt, cfg)
+        spec = m.generate(prompt, cfg, reuse=False)
         m.speculative = None
-        plain = m.generate(prompt, cfg)
+        plain = m.generate(prompt, cfg, reuse=False)
         drafter.close()
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
     st = spec.stats.draft
     assert st is not None and st.method == "qwen2.5-coder-0.5b"
     print(f"\nqwen pair: {st.to_dict()}")
     with pytest.raises(VocabMismatchError, match=r"smollm2-135m cannot draft for qwen2\.5-coder-1\.5b"):
-        load("qwen2.5-coder-1.5b", LoadOptions(n_ctx=256, draft="smollm2-135m"))
+        load("qwen2.5-coder-1.5b", n_ctx=256, draft="smollm2-135m")

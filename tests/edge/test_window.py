@@ -112,25 +112,20 @@ def test_window_keeps_a_prompt_that_fits_and_leaves_plain_prompts_alone(model_fi
 
 def test_system_span_of_chatml_and_a_default_system_prompt(model_file: Path) -> None:
     with edge.load(str(model_file), n_ctx=256, n_threads=1) as m:
-        assert m.engine.system_span([{"role": "user", "content": "hi"}]) == 0  # no template: plain completion
+        assert m.system_span([{"role": "user", "content": "hi"}]) == 0  # no template: plain completion
 
 
 @pytest.mark.slow
 def test_system_span_of_smollm2() -> None:
     with edge.load("smollm2-135m", n_ctx=256, n_threads=1) as m:
-        eng = m.engine
         system = [{"role": "system", "content": "You are Zorblax."}]
         msgs = [*system, {"role": "user", "content": "hi"}]
-        head = eng.encode_prompt(eng.template.render(system, add_generation_prompt=False))  # type: ignore[union-attr]
-        assert eng.system_span(msgs) == len(head) and m.chat_ids(msgs)[: len(head)] == head
+        head = m.encode_prompt(m.template.render(system, add_generation_prompt=False))  # type: ignore[union-attr]
+        assert m.system_span(msgs) == len(head) and m.chat_ids(msgs)[: len(head)] == head
         # no system message: SmolLM2's template adds its own, which is kept the same way
-        default = eng.system_span([{"role": "user", "content": "hi"}])
+        default = m.system_span([{"role": "user", "content": "hi"}])
         ids = m.chat_ids([{"role": "user", "content": "hi"}])
-        assert default > 10 and tok_text(eng, ids[:default]).endswith("<|im_end|>\n")
-
-
-def tok_text(eng, ids: list[int]) -> str:  # type: ignore[no-untyped-def]
-    return eng.tokenizer.decode(ids)
+        assert default > 10 and m.tokenizer.decode(ids[:default]).endswith("<|im_end|>\n")
 
 
 ZORBLAX = "You are Zorblax, a pirate robot from Neptune. You answer every question with a few sentences."
@@ -156,11 +151,10 @@ def test_a_long_chat_on_smollm2_keeps_its_system_prompt(kind: str) -> None:
     """Twelve turns (~600 tokens or more) through a 256-token context: the system prompt stays in the KV, older turns go,
     every answer is a real answer and the note is set."""
     with edge.load("smollm2-135m", backend=kind, n_ctx=256, n_threads=2) as m:
-        eng = m.engine
         msgs: list[dict[str, str]] = [{"role": "system", "content": ZORBLAX}]
-        keep = eng.system_span([*msgs, {"role": "user", "content": "x"}])
+        keep = m.system_span([*msgs, {"role": "user", "content": "x"}])
         system_ids = m.chat_ids([*msgs, {"role": "user", "content": "x"}])[:keep]
-        assert keep > 20 and eng.tokenizer.decode(system_ids).endswith("<|im_end|>\n")
+        assert keep > 20 and m.tokenizer.decode(system_ids).endswith("<|im_end|>\n")
         results = []
         for q in QUESTIONS:
             msgs.append(
@@ -177,15 +171,15 @@ def test_a_long_chat_on_smollm2_keeps_its_system_prompt(kind: str) -> None:
         assert last.prompt_ids[:keep] == system_ids  # what the model saw starts with the system prompt
         kv = m.kv_state()
         assert kv.left_window and kv.dropped > 0
-        held = eng.session.held
+        held = m.session.held
         assert held[:keep] == system_ids
         if kind == "llamacpp":
-            assert eng.decoder.position == len(held) <= 256
+            assert m.decoder.position == len(held) <= 256
             # coherent: the answer is a fresh prefill's answer on the same (cut) conversation
-            again = m.generate(eng.tokenizer.decode(last.prompt_ids), max_tokens=48, raw=True, reuse=False)
+            again = m.generate(m.tokenizer.decode(last.prompt_ids), max_tokens=48, raw=True, reuse=False)
             assert again.token_ids == last.token_ids
         else:
-            cache = eng.decoder.cache
+            cache = m.decoder.cache
             assert cache.sink == keep and kv.wrapped
             assert cache.positions()[:keep].tolist() == list(
                 range(keep)

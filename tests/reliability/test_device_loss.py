@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from edge.api import load
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import DeviceError, DeviceLostError
 from edge.generate import GenerationConfig
-from edge.model import LoadOptions, Model, load
+from edge.model import Model
 from edge.models.gguf_file import open_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
 
@@ -57,7 +58,7 @@ def fail_mid_run(model: Model, other_model: Path, tiny_model: Path) -> DeviceLos
             keep.append(break_backend(model, other_model, tiny_model))
 
     with pytest.raises(DeviceLostError) as excinfo:
-        model.generate(PROMPT, CFG, raw=True, on_text=on_text)
+        model.generate(PROMPT, CFG, reuse=False, raw=True, on_text=on_text)
     assert len(keep) == 4  # it failed mid-generation, after the third piece
     return excinfo.value
 
@@ -66,7 +67,7 @@ def fail_mid_run(model: Model, other_model: Path, tiny_model: Path) -> DeviceLos
 def test_device_lost_without_fallback_is_a_clear_typed_error(
     kind: str, tiny_model: Path, other_model: Path, edge_cache: Path
 ) -> None:
-    with load(str(tiny_model), LoadOptions(backend=kind, n_ctx=256, n_threads=1)) as m:
+    with load(str(tiny_model), backend=kind, n_ctx=256, n_threads=1) as m:
         err = fail_mid_run(m, other_model, tiny_model)
         assert isinstance(err, DeviceError) and err.failed == f"{kind}:cpu" and err.switched_to is None
         assert f"{kind}:cpu failed mid-generation" in str(err)
@@ -82,10 +83,10 @@ def test_device_lost_with_fallback_moves_to_another_device(
     kind: str, tiny_model: Path, other_model: Path, edge_cache: Path
 ) -> None:
     new = TAKEOVER[kind]
-    with load(str(tiny_model), LoadOptions(backend=new, n_ctx=256, n_threads=1)) as fresh:
-        want = fresh.generate(PROMPT, CFG, raw=True)
+    with load(str(tiny_model), backend=new, n_ctx=256, n_threads=1) as fresh:
+        want = fresh.generate(PROMPT, CFG, reuse=False, raw=True)
         chat_ids = fresh.prompt_ids(PROMPT, raw=True)
-    with load(str(tiny_model), LoadOptions(backend=kind, n_ctx=256, n_threads=1, fallback=True)) as m:
+    with load(str(tiny_model), backend=kind, n_ctx=256, n_threads=1, fallback=True) as m:
         ids = m.prompt_ids(PROMPT, raw=True)
         err = fail_mid_run(m, other_model, tiny_model)
         assert err.failed == f"{kind}:cpu" and err.switched_to == f"{new}:cpu"
@@ -98,7 +99,7 @@ def test_device_lost_with_fallback_moves_to_another_device(
         assert again.stats.n_cached_tokens == len(ids) - 2
         assert again.token_ids == want.token_ids and again.text == want.text
         assert again.backend == new and again.fallback == f"{kind}:cpu failed -> {new}:cpu"
-        assert m.generate(PROMPT, CFG, raw=True).token_ids == want.token_ids
+        assert m.generate(PROMPT, CFG, reuse=False, raw=True).token_ids == want.token_ids
 
 
 def yield_result(stream):  # type: ignore[no-untyped-def]

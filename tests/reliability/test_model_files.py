@@ -11,16 +11,17 @@ from __future__ import annotations
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
 import pytest
 from gguf import GGUFValueType as V
 
+from edge.api import load
 from edge.devices.memory import llamacpp_memory
 from edge.errors import EdgeError, InsufficientMemoryError, ModelFormatError, TokenizerError
 from edge.generate import GenerationConfig
-from edge.model import LoadOptions, load
 from edge.models.gguf_file import open_gguf
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.gguf_factory import craft_gguf, pack_kv, pack_string, pack_tensor_info
@@ -28,24 +29,23 @@ from tests.models.test_tokenizer import tiny_bpe_meta
 from tests.reliability.conftest import assert_one_line_error, cli
 from tests.reliability.ggufs import DROP, rewrite_gguf, section_cuts
 
-LOAD = LoadOptions(n_ctx=64, n_threads=1)
+LOAD: dict[str, Any] = {"n_ctx": 64, "n_threads": 1}  # edge.load's keywords
 MAX_SECONDS = 1.0
 N_VOCAB = 320  # tests/tiny_models.py
 
 
-def load_fails(
-    path: Path, error: type[EdgeError] = ModelFormatError, options: LoadOptions = LOAD
-) -> EdgeError:
+def load_fails(path: Path, error: type[EdgeError] = ModelFormatError, **options: Any) -> EdgeError:
+    """`options`: edge.load keywords over LOAD's."""
     start = time.perf_counter()
     with pytest.raises(error) as excinfo:
-        load(str(path), options)
+        load(str(path), **{**LOAD, **options})
     assert time.perf_counter() - start < MAX_SECONDS
     return excinfo.value
 
 
 def test_the_whole_tiny_model_loads_and_runs(tiny_model: Path) -> None:
-    with load(str(tiny_model), LOAD) as m:
-        assert m.generate("w1 w2", GenerationConfig(max_tokens=2), raw=True).stats.n_tokens >= 1
+    with load(str(tiny_model), **LOAD) as m:
+        assert m.generate("w1 w2", GenerationConfig(max_tokens=2), reuse=False, raw=True).stats.n_tokens >= 1
 
 
 # --- truncation at every section boundary ---------------------------------------------------------------
@@ -368,13 +368,13 @@ def test_lying_hyper_parameters_in_the_cli(case: str, needle: str, tiny_model: P
 
 
 def test_model_larger_than_available_memory_fails_fast(tiny_model: Path) -> None:
-    err = load_fails(tiny_model, InsufficientMemoryError, LoadOptions(n_ctx=64, available_memory=1 << 20))
+    err = load_fails(tiny_model, InsufficientMemoryError, n_ctx=64, available_memory=1 << 20)
     assert isinstance(err, InsufficientMemoryError)
     assert err.available == 1 << 20 and err.needed > err.available
     assert "MiB of memory" in err.message and "but 1 MiB is available" in err.message
     need = llamacpp_memory(open_gguf(tiny_model), 64)
     assert need.weights == sum(t.nbytes for t in open_gguf(tiny_model).tensors.values())
-    with load(str(tiny_model), LoadOptions(n_ctx=64, n_threads=1, available_memory=need.total)) as m:
+    with load(str(tiny_model), n_ctx=64, n_threads=1, available_memory=need.total) as m:
         assert m.decoder.n_ctx >= 64  # exactly enough is enough
 
 
@@ -384,7 +384,7 @@ def test_kv_cache_counts_toward_the_need(tiny_model: Path) -> None:
     # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes per token; llama.cpp pads 64 to 256 tokens
     assert big.kv_cache - small.kv_cache == ((1 << 20) - 256) * 2 * 2 * 2 * 32
     with pytest.raises(InsufficientMemoryError, match="KV cache for 1048576 tokens"):
-        load(str(tiny_model), LoadOptions(n_ctx=1 << 20, available_memory=big.total - 1))
+        load(str(tiny_model), n_ctx=1 << 20, available_memory=big.total - 1)
 
 
 @pytest.fixture
@@ -406,7 +406,7 @@ def sparse_2tib_model(tmp_path: Path) -> Path:
 
 
 def test_model_larger_than_free_memory_without_an_override(sparse_2tib_model: Path) -> None:
-    err = load_fails(sparse_2tib_model, InsufficientMemoryError, LoadOptions())
+    err = load_fails(sparse_2tib_model, InsufficientMemoryError, n_ctx=4096, n_threads=None)
     assert isinstance(err, InsufficientMemoryError) and err.needed > 2**41 > err.available
     assert_one_line_error(
         cli("run", str(sparse_2tib_model), "hi"), "huge.gguf needs about", "MiB is available"

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge.api import load
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import DeviceError, EdgeError, GenerationCancelled
 from edge.generate import Generation, GenerationConfig
-from edge.model import LoadOptions, load
 from edge.models.gguf_file import GGUFFile, open_gguf
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.tiny_models import TinySpec, write_tiny_model
@@ -89,18 +89,18 @@ def test_cancel_during_decode_then_a_fresh_answer(
 def test_cancel_from_another_thread_on_a_real_model() -> None:
     """A user pressing stop while smollm2 reads a long prompt: the call returns within about one chunk."""
     cfg = GenerationConfig(max_tokens=8, prefill_chunk=256)
-    with load("smollm2-135m", LoadOptions(n_ctx=4096, n_threads=2)) as m:
-        short = m.generate("Name a colour.", cfg)
+    with load("smollm2-135m", n_ctx=4096, n_threads=2) as m:
+        short = m.generate("Name a colour.", cfg, reuse=False)
         stop = threading.Event()
         timer = threading.Timer(0.5, stop.set)
         long_prompt = (
             "The quick brown fox jumps over the lazy dog. " * 300
         )  # ~3,000 tokens: seconds of prefill
         timer.start()
-        result = m.generate(long_prompt, cfg, cancel=stop.is_set)
+        result = m.generate(long_prompt, cfg, reuse=False, cancel=stop.is_set)
         assert result.stats.stop_reason == "cancelled" and result.token_ids == []
         assert m.decoder.position < result.stats.n_prompt_tokens  # seen between chunks, inside the prefill
-        again = m.generate("Name a colour.", cfg)
+        again = m.generate("Name a colour.", cfg, reuse=False)
         assert again.token_ids == short.token_ids and again.text == short.text
 
 
@@ -110,8 +110,8 @@ def test_cancel_from_another_thread_on_a_real_model() -> None:
 def test_two_threads_on_one_model_equal_sequential_runs(tiny_model: Path) -> None:
     prompts = ["w1 w2 w3 w4", "w9 w8 w7", "w5 w5 w5 w5 w5 w5", "w3"]
     cfg = GenerationConfig(max_tokens=16, ignore_eos=True)
-    with load(str(tiny_model), LoadOptions(n_ctx=256, n_threads=1)) as m:
-        sequential = {p: m.generate(p, cfg, raw=True).token_ids for p in prompts}
+    with load(str(tiny_model), n_ctx=256, n_threads=1) as m:
+        sequential = {p: m.generate(p, cfg, reuse=False, raw=True).token_ids for p in prompts}
         results: dict[str, list[list[int]]] = {p: [] for p in prompts}
         errors: list[BaseException] = []
         barrier = threading.Barrier(2)
@@ -121,7 +121,7 @@ def test_two_threads_on_one_model_equal_sequential_runs(tiny_model: Path) -> Non
                 barrier.wait()
                 for _ in range(3):
                     for p in mine:
-                        results[p].append(m.generate(p, cfg, raw=True).token_ids)
+                        results[p].append(m.generate(p, cfg, reuse=False, raw=True).token_ids)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -137,15 +137,15 @@ def test_two_threads_on_one_model_equal_sequential_runs(tiny_model: Path) -> Non
 
 def test_two_streams_in_one_thread_do_not_interleave(tiny_model: Path) -> None:
     cfg = GenerationConfig(max_tokens=8, ignore_eos=True)
-    with load(str(tiny_model), LoadOptions(n_ctx=256, n_threads=1)) as m:
-        alone = m.generate("w1 w2", cfg, raw=True).text
-        first = m.stream("w1 w2", cfg, raw=True)
+    with load(str(tiny_model), n_ctx=256, n_threads=1) as m:
+        alone = m.generate("w1 w2", cfg, reuse=False, raw=True).text
+        first = m.stream("w1 w2", cfg, reuse=False, raw=True)
         head = next(first)
-        second = m.stream("w9 w9 w9", cfg, raw=True)
+        second = m.stream("w9 w9 w9", cfg, reuse=False, raw=True)
         with pytest.raises(EdgeError, match="already generating"):
             next(second)
         assert head + "".join(first) == alone  # the first stream was not disturbed
-        assert m.generate("w1 w2", cfg, raw=True).text == alone
+        assert m.generate("w1 w2", cfg, reuse=False, raw=True).text == alone
 
 
 # --- a backend that fails or goes away mid-run ---------------------------------------------------------------
@@ -223,8 +223,8 @@ def test_backend_raising_mid_run_leaves_the_cache_consistent(
 
 def test_model_closed_mid_generation_then_reloaded(tiny_model: Path) -> None:
     cfg = GenerationConfig(max_tokens=12, ignore_eos=True)
-    with load(str(tiny_model), LoadOptions(n_ctx=256, n_threads=1)) as m:
-        fresh = m.generate("w1 w2 w3", cfg, raw=True)
+    with load(str(tiny_model), n_ctx=256, n_threads=1) as m:
+        fresh = m.generate("w1 w2 w3", cfg, reuse=False, raw=True)
         pieces: list[str] = []
 
         def on_text(piece: str) -> None:
@@ -233,8 +233,8 @@ def test_model_closed_mid_generation_then_reloaded(tiny_model: Path) -> None:
                 m.close()
 
         with pytest.raises(DeviceError, match="closed"):
-            m.generate("w1 w2 w3", cfg, raw=True, on_text=on_text)
+            m.generate("w1 w2 w3", cfg, reuse=False, raw=True, on_text=on_text)
         with pytest.raises(DeviceError):
-            m.generate("w1 w2 w3", cfg, raw=True)
-    with load(str(tiny_model), LoadOptions(n_ctx=256, n_threads=1)) as m2:
-        assert m2.generate("w1 w2 w3", cfg, raw=True).token_ids == fresh.token_ids
+            m.generate("w1 w2 w3", cfg, reuse=False, raw=True)
+    with load(str(tiny_model), n_ctx=256, n_threads=1) as m2:
+        assert m2.generate("w1 w2 w3", cfg, reuse=False, raw=True).token_ids == fresh.token_ids

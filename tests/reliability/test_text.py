@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge.api import load
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import ContextOverflowError
 from edge.generate import Generation, GenerationConfig, _StopMatcher
-from edge.model import LoadOptions, load
 from edge.models.gguf_file import open_gguf
 from edge.models.store import resolve_model
 from edge.models.tokenizer import Tokenizer, load_tokenizer
@@ -148,11 +148,13 @@ def test_llama_cpp_context_refuses_a_long_prompt_and_stays_usable(
 
 
 def test_long_prompt_through_the_model_and_cli(tiny_model: Path) -> None:
-    with load(str(tiny_model), LoadOptions(n_ctx=256, n_threads=1)) as m:
-        fresh = m.generate("w1 w2 w3", GenerationConfig(max_tokens=4), raw=True).token_ids
+    with load(str(tiny_model), n_ctx=256, n_threads=1) as m:
+        fresh = m.generate("w1 w2 w3", GenerationConfig(max_tokens=4), reuse=False, raw=True).token_ids
         with pytest.raises(ContextOverflowError):
-            m.generate("w7 " * 300, GenerationConfig(max_tokens=4), raw=True)
-        assert m.generate("w1 w2 w3", GenerationConfig(max_tokens=4), raw=True).token_ids == fresh
+            m.generate("w7 " * 300, GenerationConfig(max_tokens=4), reuse=False, raw=True)
+        assert (
+            m.generate("w1 w2 w3", GenerationConfig(max_tokens=4), reuse=False, raw=True).token_ids == fresh
+        )
     proc = cli("run", str(tiny_model), "w7 " * 300, "--raw", "--ctx-size", "256")
     assert_one_line_error(proc, "context holds 256")
 
@@ -208,10 +210,10 @@ def test_streamed_text_equals_decoded_text_on_real_tokenizers(name: str) -> None
 )
 def test_generation_stream_equals_the_final_text(name: str, prompt: str, stop: str | None) -> None:
     cfg = GenerationConfig(max_tokens=24, stop=(stop,) if stop else ())
-    with load(name, LoadOptions(n_ctx=512, n_threads=2)) as m:
+    with load(name, n_ctx=512, n_threads=2) as m:
         pieces: list[str] = []
-        result = m.generate(prompt, cfg, raw=True, on_text=pieces.append)
-        streamed = list(m.stream(prompt, cfg, raw=True))
+        result = m.generate(prompt, cfg, reuse=False, raw=True, on_text=pieces.append)
+        streamed = list(m.stream(prompt, cfg, reuse=False, raw=True))
         assert "".join(pieces) == "".join(streamed) == result.text
         assert any(ord(c) > 0x7F for c in result.text), result.text  # the case is really exercised
         if stop:

@@ -1,0 +1,81 @@
+"""The options of `edge.load` (LoadOptions) and of each generation call (GenerateOptions), and cancellation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+from edge.generate import GenerationConfig
+from edge.sampling import SamplingConfig
+
+__all__ = ["Cancel", "GenerateOptions", "LoadOptions", "cancel_poller"]
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What `edge.load` takes besides the model (its keywords, one field each)."""
+
+    backend: str | None = None
+    device: str = "cpu"  # cpu | gpu | npu | auto | hetero:[backend:]device,...
+    # A device kind to run on when the asked-for one is absent (announced); True means "cpu".
+    fallback: bool | str = False
+    emulate: bool = False  # --device npu: the NPU-shaped static graphs compiled on the CPU
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    precision: str = "fast"  # fast | exact (see devices.registry.PRECISIONS)
+    # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
+    available_memory: int | None = None
+    # Speculative decoding: auto (prompt lookup, plus a compatible catalog draft model already pulled, on
+    # the own-graph backends; see edge.drafters.open_drafters), none, ngram or a draft model (catalog name
+    # or path); the draft's [backend:]device, and the most tokens drafted per target forward.
+    draft: str | None = "auto"
+    draft_device: str = "cpu"
+    draft_k: int = 16
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Per-call options; every `Model` generation method takes them as keyword arguments."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy (deterministic)
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def config(self) -> GenerationConfig:
+        sampling = SamplingConfig(
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
+            seed=self.seed,
+        )
+        return GenerationConfig(max_tokens=self.max_tokens, stop=tuple(self.stop), sampling=sampling)
+
+
+class _Event(Protocol):
+    def is_set(self) -> bool: ...
+
+
+# A threading.Event (set it to stop) or a callable polled between tokens (return True to stop).
+Cancel: TypeAlias = "_Event | Callable[[], bool] | None"
+
+
+def cancel_poller(cancel: Cancel) -> Callable[[], bool] | None:
+    """`cancel` as the callable the generation loop polls."""
+    if cancel is None:
+        return None
+    is_set = getattr(cancel, "is_set", None)
+    if callable(is_set):
+        return is_set  # type: ignore[no-any-return]
+    if callable(cancel):
+        return cancel
+    raise TypeError(
+        f"cancel must be a threading.Event-like object or a callable, not {type(cancel).__name__}"
+    )
