@@ -22,6 +22,7 @@ import numpy as np
 
 from edge.devices.discovery import Inventory
 from edge.devices.planner import DeviceProfile
+from edge.devices.registry import runnable_backends
 from edge.models.store import cache_dir
 
 __all__ = ["device_profiles", "measure_bandwidth"]
@@ -29,7 +30,6 @@ __all__ = ["device_profiles", "measure_bandwidth"]
 _K = _N = 4096  # 64 MiB: beyond the last-level cache, so this is memory bandwidth
 _RUNS = 10
 PROBE_VERSION = 3  # part of the cache key: bump when the probe changes
-RUNNABLE = ("llamacpp", "openvino", "ort")  # backends the planner can place partitions on
 
 
 def _matvec_onnx() -> bytes:
@@ -136,8 +136,9 @@ def device_profiles(
     cache = {} if refresh else _load_cache()
     changed = False
     out: list[DeviceProfile] = []
+    runnable = runnable_backends()
     for status in inventory.backends:
-        if not status.available or status.name not in RUNNABLE:
+        if not status.available or status.name not in runnable:
             continue
         for dev in status.devices:
             key = f"{PROBE_VERSION}|{status.name}|{dev.name}|{status.version}|{inventory.cpu.model}"

@@ -108,7 +108,7 @@ def test_a_speculative_decoding_needs_a_drafter(files: dict[str, Path], edge_cac
 
 @pytest.mark.slow
 def test_auto_pairs_catalog_models_on_own_graphs() -> None:
-    from edge.model import LoadOptions, load
+    from edge.api import load
     from tests.shared_cache import pull_named_models
 
     pull_named_models(["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
@@ -123,11 +123,11 @@ def test_auto_pairs_catalog_models_on_own_graphs() -> None:
     finally:
         for d in drafters:
             d.close()
-    with load("qwen2.5-coder-0.5b", LoadOptions(backend="ort", n_ctx=512)) as m:  # the default is auto
+    with load("qwen2.5-coder-0.5b", backend="ort", n_ctx=512) as m:  # the default is auto
         assert m.speculative is not None and m.speculative.name == "ngram"  # nothing smaller shares its vocab
-    with load("qwen2.5-coder-0.5b", LoadOptions(backend="llamacpp", n_ctx=512)) as m:
+    with load("qwen2.5-coder-0.5b", backend="llamacpp", n_ctx=512) as m:
         assert m.speculative is None
-    with load("qwen2.5-coder-0.5b", LoadOptions(backend="ort", n_ctx=512, draft="none")) as m:
+    with load("qwen2.5-coder-0.5b", backend="ort", n_ctx=512, draft="none") as m:
         assert m.speculative is None
 
 
