@@ -8,6 +8,7 @@ exported only; prediction needs macOS): the registry says so and refuses to open
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -157,3 +158,17 @@ def test_coreml_is_registered_but_has_no_decoder() -> None:
     assert "coreml" not in runnable_backends()
     with pytest.raises(BackendUnavailableError, match="has no Decoder"):
         require_backend("coreml")
+
+
+def test_abilities_are_never_probed() -> None:
+    """Optional abilities are read from `capabilities()`, never found by getattr (style.md)."""
+    root = Path(__file__).resolve().parents[2]
+    probe = re.compile(r"getattr\(.*(max_rollback|set_sink|partitions|partition_seconds|kv_fill|\"cache\")")
+    found = [
+        f"{f.relative_to(root)}:{n}"
+        for pkg in ("edge", "devices", "apps", "kvcache", "graph_opt", "models", "tests", "benchmarks")
+        for f in sorted((root / pkg).rglob("*.py"))
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+        if probe.search(line) and f.name != "test_conformance.py"
+    ]
+    assert not found, found
