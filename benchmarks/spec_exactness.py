@@ -24,8 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edge.api import load  # noqa: E402
 from edge.generate import GenerationConfig  # noqa: E402
-from edge.model import LoadOptions, load  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CODE = """def load(path):
@@ -59,14 +59,14 @@ PROMPTS = [
 def run(model: str, backend: str, precision: str, tokens: int) -> list[dict[str, Any]]:
     cfg = GenerationConfig(max_tokens=tokens)  # greedy (GenerationConfig's default temperature is 0)
     out = []
-    with load(model, LoadOptions(backend=backend, precision=precision, n_ctx=2048, draft="auto")) as m:
+    with load(model, backend=backend, precision=precision, n_ctx=2048, draft="auto") as m:
         spec = m.speculative
         assert spec is not None, f"--draft auto gave no drafter for {model} on {backend}"
         for prompt in PROMPTS:
             m.speculative = spec
-            drafted = m.generate(prompt, cfg)
+            drafted = m.generate(prompt, cfg, reuse=False)
             m.speculative = None
-            plain = m.generate(prompt, cfg)
+            plain = m.generate(prompt, cfg, reuse=False)
             a, b = drafted.token_ids, plain.token_ids
             first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
             if first is None and len(a) != len(b):

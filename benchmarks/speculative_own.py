@@ -26,9 +26,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edge.api import load  # noqa: E402
 from edge.drafters import open_drafters  # noqa: E402
 from edge.generate import GenerationConfig  # noqa: E402
-from edge.model import LoadOptions, Model, load  # noqa: E402
+from edge.model import Model  # noqa: E402
 from edge.speculative import SpecConfig, SpeculativeDecoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -97,8 +98,8 @@ def main() -> None:
     rounds, tokens = (1, 48) if args.quick else (args.rounds, args.tokens)
     cfg = GenerationConfig(max_tokens=tokens)  # greedy
     opts = dict(n_ctx=2048, n_threads=2, draft="none")
-    llama = load(TARGET, LoadOptions(backend="llamacpp", **opts))  # type: ignore[arg-type]
-    own = load(TARGET, LoadOptions(backend="ort", precision="fast", **opts))  # type: ignore[arg-type]
+    llama = load(TARGET, backend="llamacpp", **opts)  # type: ignore[arg-type]
+    own = load(TARGET, backend="ort", precision="fast", **opts)  # type: ignore[arg-type]
     decodings = variants(own)
     names = ["llamacpp", *(f"ort {v}" for v in decodings)]
     rates: dict[tuple[str, str], list[float]] = {}
@@ -112,10 +113,10 @@ def main() -> None:
                 plain_ids = None
                 for name in order:
                     if name == "llamacpp":
-                        gen = llama.generate(text, cfg)
+                        gen = llama.generate(text, cfg, reuse=False)
                     else:
                         own.speculative = decodings[name.split(" ", 1)[1]]
-                        gen = own.generate(text, cfg)
+                        gen = own.generate(text, cfg, reuse=False)
                         own.speculative = None
                     rates.setdefault((name, key_prompt), []).append(gen.stats.decode_tok_s)
                     ids = gen.token_ids
