@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,14 +182,22 @@ def test_bench_draft_auto_and_batch_costs(files: dict[str, Path], tmp_path: Path
 def test_cancel_mid_draft_keeps_target_and_draft_consistent(files: dict[str, Path], edge_cache: Path) -> None:
     """A generation cancelled while both drafters are drafting leaves the target's session, its ring and the
     lazy draft model's KV such that the next answers equal the target alone's, turn after turn."""
-    from edge.model import LoadOptions, load
+    from edge.api import load
 
     cfg = GenerationConfig(max_tokens=60, ignore_eos=True)
-    opts = LoadOptions(backend="ort", precision="exact", n_ctx=48, n_threads=1, draft="none")
-    with load(str(files["target"]), opts) as m:
-        plain = [m.generate(p, cfg, raw=True).token_ids for p in ("a b c a b c a b", "c b a c b a")]
+    opts: dict[str, Any] = {
+        "backend": "ort",
+        "precision": "exact",
+        "n_ctx": 48,
+        "n_threads": 1,
+        "draft": "none",
+    }
+    with load(str(files["target"]), **opts) as m:
+        plain = [
+            m.generate(p, cfg, raw=True, reuse=False).token_ids for p in ("a b c a b c a b", "c b a c b a")
+        ]
     draft_dec = GraphDecoder(open_gguf(files["draft"]), GraphOptions(backend="ort", threads=1, capacity=48))
-    with load(str(files["target"]), opts) as m:
+    with load(str(files["target"]), **opts) as m:
         model = ModelDrafter(draft_dec, "random", N_VOCAB, lazy=True)
         m.speculative = SpeculativeDecoding(m.decoder, [NgramDrafter(), model], SpecConfig(k_max=6))
         calls = [0]
@@ -197,10 +206,12 @@ def test_cancel_mid_draft_keeps_target_and_draft_consistent(files: dict[str, Pat
             calls[0] += 1
             return calls[0] > 12
 
-        cut = m.generate("a b c a b c a b", cfg, raw=True, cancel=cancel)
+        cut = m.generate("a b c a b c a b", cfg, raw=True, reuse=False, cancel=cancel)
         assert cut.stats.stop_reason == "cancelled" and 0 < cut.stats.n_tokens < 60
-        again = [m.generate(p, cfg, raw=True).token_ids for p in ("a b c a b c a b", "c b a c b a")]
-        st = m.generate("a b c a b c a b", cfg, raw=True).stats.draft
+        again = [
+            m.generate(p, cfg, raw=True, reuse=False).token_ids for p in ("a b c a b c a b", "c b a c b a")
+        ]
+        st = m.generate("a b c a b c a b", cfg, raw=True, reuse=False).stats.draft
         m.speculative.close()
     assert again == plain and all(len(ids) == 60 for ids in plain)  # 60 tokens: past the 48-slot ring's wrap
     assert st is not None and st.drafted > 0
