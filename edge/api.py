@@ -139,6 +139,12 @@ class Model:
         return self.engine.placement.backend
 
     @property
+    def backend_choice(self) -> str | None:
+        """Why auto chose `backend` (measured here, the recorded prior, ...); None when the backend was named."""
+        choice = self.engine.placement.auto
+        return None if choice is None else choice.explain()
+
+    @property
     def device(self) -> str:
         return self.engine.placement.device
 
@@ -294,7 +300,7 @@ def load(
     model: str | None = None,
     *,
     device: str = "cpu",
-    backend: str | None = None,
+    backend: str | None = "auto",
     draft: str | None = "auto",
     fallback: bool | str = False,
     n_ctx: int = 4096,
@@ -310,9 +316,10 @@ def load(
     layers split into partitions across the listed devices by the planner); an absent device raises
     `edge.DeviceError` listing what exists, unless `fallback=True` (or a device kind, "cpu") — then
     `model.fallback` says what replaced what. `emulate=True` with device="npu" runs the NPU-shaped (static)
-    graphs on the CPU. `backend`: llamacpp (default) | ort | openvino. `draft`: speculative decoding: "auto" (prompt
-    lookup, plus a compatible draft model already pulled, on the own-graph backends), "none", "ngram" or a draft
-    model. `precision`: "fast" (int8 activations where a graph backend has them, as
+    graphs on the CPU. `backend`: auto (default: the backend that measures fastest for this model on this
+    machine; `model.backend_choice` says why) | llamacpp | ort | openvino. `draft`: speculative decoding: "auto"
+    (prompt lookup, plus a compatible draft model already pulled, on the own-graph backends), "none", "ngram" or
+    a draft model. `precision`: "fast" (int8 activations where a graph backend has them, as
     llama.cpp computes) or "exact" (fp32 math on the file's own blocks). `on_progress(done_bytes, total_bytes,
     phase)` sees the pull of a catalog model not downloaded yet: phase "download" while it arrives, then
     "verified" once; None shows it on stderr.

@@ -32,7 +32,8 @@ from edge.speculative import SpecConfig, SpeculativeDecoding
 
 @dataclass(frozen=True)
 class LoadOptions:
-    backend: str | None = None
+    # auto: the backend that measures fastest for this model here (devices/auto.py); None means auto too
+    backend: str | None = "auto"
     device: str = "cpu"  # cpu | gpu | npu | auto | hetero:[backend:]device,...
     # A device kind to run on when the asked-for one is absent (announced); True means "cpu".
     fallback: bool | str = False

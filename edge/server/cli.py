@@ -54,7 +54,11 @@ def add_parser(sub: Any) -> None:
     )
     srv.add_argument("--max-tokens", type=int, default=4096, help="the most new tokens a request may ask for")
     srv.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,...")
-    srv.add_argument("--backend", default=None, help="llamacpp | ort | openvino (default llamacpp)")
+    srv.add_argument(
+        "--backend",
+        default="auto",
+        help="auto | llamacpp | ort | openvino (default auto: the fastest measured for each model here)",
+    )
     srv.add_argument("--fallback", nargs="?", const="cpu", default=None, metavar="DEVICE")
     srv.add_argument("--precision", choices=("fast", "exact"), default="fast")
     srv.add_argument("--ctx-size", type=int, default=4096)
