@@ -47,8 +47,10 @@ def test_generate_result_fields(model: edge.Model) -> None:
     assert r.text and "".join(pieces) == r.text
     assert r.token_ids and r.stats.n_tokens == len(r.token_ids)
     assert r.stats.ttft_ms > 0 and r.stats.stop_reason in ("eos", "length")
-    assert (r.backend, r.device, r.fallback) == ("llamacpp", "cpu", None)
-    assert repr(model) == "<edge.Model smollm2-135m on llamacpp:cpu>"
+    assert (r.backend, r.device, r.fallback) == (model.backend, "cpu", None)
+    assert r.backend in ("llamacpp", "ort", "openvino")
+    assert model.backend_choice is not None and f"backend auto -> {r.backend}" in model.backend_choice
+    assert repr(model) == f"<edge.Model smollm2-135m on {r.backend}:cpu>"
     with pytest.raises(ValueError):
         model.generate("hi", temperature=-1)
     with pytest.raises(TypeError):
