@@ -110,17 +110,28 @@ def machine_key(threads: int | None) -> dict[str, Any]:
     return {"cpu": cpu.model, "threads": threads or cpu.physical_cores, "versions": versions}
 
 
-def model_sha256(path: Path) -> str:
-    """The file's SHA-256: the catalog's for a verified catalog file, else hashed once and remembered by
-    (path, size, mtime) in the cache."""
-    from edge.models.artifact import file_sha256
+def _catalog_sha256(path: Path) -> str | None:
+    """The catalog's SHA-256 when `path` is a verified catalog file (no hashing), else None."""
     from edge.models.catalog import CATALOG
-    from edge.models.store import cache_dir, is_verified, model_path
+    from edge.models.store import is_verified, model_path
 
     real = path.resolve()
     for entry in CATALOG.values():
         if model_path(entry).resolve() == real and is_verified(entry):
             return entry.sha256
+    return None
+
+
+def model_sha256(path: Path) -> str:
+    """The file's SHA-256: the catalog's for a verified catalog file, else hashed once and remembered by
+    (path, size, mtime) in the cache."""
+    from edge.models.artifact import file_sha256
+    from edge.models.store import cache_dir
+
+    known = _catalog_sha256(path)
+    if known is not None:
+        return known
+    real = path.resolve()
     st = real.stat()
     memo_path = cache_dir() / "sha256-memo.json"
     key = f"{real}|{st.st_size}|{st.st_mtime_ns}"
@@ -202,6 +213,11 @@ def record_speeds(
     )
     _write_json(path, {"format": _FORMAT, "runs": runs})
     return True
+
+
+def _has_runs() -> bool:
+    runs = _read_json(_speeds_path()).get("runs")
+    return isinstance(runs, list) and bool(runs)
 
 
 def _measured(sha256: str, machine: Mapping[str, Any], precision: str) -> tuple[dict[str, Speed], str] | None:
@@ -293,9 +309,9 @@ def choose_backend(
         )
     if len(candidates) == 1:
         return Choice(candidates[0], "only", "the only backend installed that runs it here")
-    sha = model_sha256(path)
-    machine = machine_key(threads)
-    found = _measured(sha, machine, precision)
+    # NOTE: hashing a file that is not in the catalog costs ~0.5 s/GB once: only when there are measurements
+    sha = model_sha256(path) if _has_runs() else _catalog_sha256(path)
+    found = None if sha is None else _measured(sha, machine_key(threads), precision)
     if found is not None:
         speeds, source = found
         if sum(b in speeds for b in candidates) >= 2:
@@ -312,12 +328,12 @@ def choose_backend(
     return Choice("ort" if "ort" in candidates else candidates[0], "default", why)
 
 
-def _from_prior(path: Path, sha: str, candidates: Sequence[str]) -> Choice | None:
+def _from_prior(path: Path, sha: str | None, candidates: Sequence[str]) -> Choice | None:
     prior = _prior()
     models = prior.get("models")
     if not isinstance(models, dict) or not models:
         return None
-    entry = models.get(sha)
+    entry = models.get(sha) if sha is not None else None
     same = isinstance(entry, dict)
     if (
         not same
