@@ -126,6 +126,14 @@ def test_load_runs_and_reports_the_choice(tiny: Path) -> None:
     with load(str(tiny), LoadOptions(n_ctx=64, n_threads=1)) as m:
         assert m.placement.backend == "ort" and m.placement.auto is not None
         assert m.placement.auto.source == "measured"
+    import edge
+
+    with edge.load(str(tiny), n_ctx=64, n_threads=1) as api_model:  # the API's default is auto too
+        assert api_model.backend == "ort"
+        assert (
+            api_model.backend_choice is not None
+            and "backend auto -> ort (measured)" in api_model.backend_choice
+        )
     # a named backend is run as named, with no auto choice
     with load(str(tiny), LoadOptions(backend="llamacpp", n_ctx=64, n_threads=1)) as m:
         assert m.placement.backend == "llamacpp" and m.placement.auto is None
