@@ -378,6 +378,8 @@ def test_cli_draft_json_summary_and_refusal(files: dict[str, Path]) -> None:
         "24",
         "--ctx-size",
         "1024",
+        "--backend",  # written against llama.cpp, where --draft auto drafts nothing
+        "llamacpp",
     ]
     plain = json.loads(edge_cli(*common, "--json").stdout)
     assert plain["draft"] is None
