@@ -417,6 +417,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         (err if args.json == "-" else Console()).print(line, highlight=False)
     if bench.draft is not None:
         (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
+    for key in ("auto", "auto_record"):  # which backend auto benched and why; that auto now reads this run
+        if key in bench.notes:
+            err.print(bench.notes[key], highlight=False)
     if args.plot:
         write_plot(report, args.plot)
         err.print(f"plot written to {args.plot}")
