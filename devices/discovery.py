@@ -113,7 +113,10 @@ def probe_llamacpp() -> BackendStatus:
         import llama_cpp
     except Exception as exc:
         return BackendStatus(
-            "llamacpp", False, reason=f"llama_cpp does not import: {exc}", hint="pip install llama-cpp-python"
+            "llamacpp",
+            False,
+            reason=f"llama_cpp does not import: {exc}",
+            hint='pip install "edge-llm[llamacpp]"',  # an extra: it builds llama.cpp from source
         )
     devices = [BackendDevice("cpu", "cpu", "llama.cpp CPU")]
     if llama_cpp.llama_supports_gpu_offload():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edge.devices.auto import INSTALL_LLAMACPP
 from edge.devices.base import Capabilities, KVFill
 from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
 
@@ -28,7 +29,7 @@ def _import_llama_cpp():  # type: ignore[no-untyped-def]
         import llama_cpp
     except Exception as exc:
         raise BackendUnavailableError(
-            f"the llamacpp backend is unavailable: {exc}", hint="pip install llama-cpp-python"
+            f"the llamacpp backend is unavailable: {exc}", hint=INSTALL_LLAMACPP
         ) from None
     return llama_cpp
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from edge.devices.auto import Choice
 from edge.devices.discovery import Inventory
 from edge.devices.planner import absent_device_hint
 from edge.devices.registry import BACKENDS, runnable_backends
@@ -17,6 +18,7 @@ class Placement:
     backend: str
     device: str
     fallback: str | None = None  # "npu -> cpu" when the requested device was replaced
+    auto: Choice | None = field(default=None, compare=False)  # --backend auto: what it chose and why
 
 
 def _usable(inventory: Inventory, backend: str) -> list[str]:

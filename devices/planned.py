@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge.devices.auto import AUTO, INSTALL_LLAMACPP, Choice, choose_backend
 from edge.devices.base import Decoder
 from edge.devices.memory import check_fits
 from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
@@ -30,8 +31,8 @@ from edge.devices.planner import (
     parse_device,
     plan,
 )
-from edge.devices.registry import BACKENDS, estimate_memory
-from edge.errors import DeviceError, ModelFormatError
+from edge.devices.registry import BACKENDS, DecoderOptions, estimate_memory
+from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
 from edge.models.store import cache_dir
@@ -176,7 +177,9 @@ class Opening:
 
     placement: Placement
     plan: Plan | None
-    open: Callable[[], Decoder]
+    # the decoder, and where it runs: auto's choice may still move to llama.cpp when the own graph builder
+    # refuses the file while building (devices/planned._open_auto)
+    open: Callable[[], tuple[Decoder, Placement]]
 
 
 def _check_fits(backend: str, path: Path, n_ctx: int, available: int | None) -> None:
@@ -190,12 +193,13 @@ def resolve_request(
     path: Path, request: DeviceRequest, options: PlannedOptions, *, log: Callable[[str], None] | None = None
 ) -> Opening:
     """Decide where `path` (a GGUF or an `edge convert` artifact) runs as `request` says, and check that it
-    fits: one device keeps the whole model on one backend (llama.cpp by default on the CPU); `auto`,
+    fits: one device keeps the whole model on one backend (with none named, or `auto`, the CPU runs the one
+    that measures fastest for this model: devices/auto.py, and the placement says why); `--device auto`,
     `hetero:...` and an emulated NPU go through the planner."""
     from edge.devices.discovery import discover
     from edge.devices.placement import place
     from edge.devices.probe import device_profiles
-    from edge.devices.registry import DecoderOptions, open_decoder
+    from edge.devices.registry import open_decoder
     from edge.models.artifact import is_artifact, open_artifact
     from edge.models.gguf_file import open_gguf
 
@@ -205,31 +209,42 @@ def resolve_request(
     dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision)
     free = options.available_memory
     artifact = is_artifact(path)
+    asked = None if request.backend in (None, AUTO) else request.backend  # auto: edge chooses
     if mode == "single" and not request.emulate:
         t = targets[0]
-        backend = request.backend or t.backend
+        backend = asked or t.backend
+        auto = backend is None and not artifact  # --backend auto on a GGUF: the fastest measured
+        choice = _auto_choice(path, options) if auto and t.kind == "cpu" else None
         if backend is None:
-            backend = open_artifact(path).target if artifact else PREFERRED_BACKENDS[t.kind][0]
+            if artifact:
+                backend = open_artifact(path).target
+            else:
+                backend = choice.backend if choice else PREFERRED_BACKENDS[t.kind][0]
         allow = request.fallback is not None
-        named = request.backend is not None or t.backend is not None  # errors name only a chosen backend
+        named = asked is not None or t.backend is not None  # errors name only a chosen backend
         try:
             placement = place(
                 discover((backend,)), backend=backend, device=t.kind, fallback=allow, backend_named=named
             )
         except DeviceError:  # say it again with every backend's devices listed, not only this one's
             placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
-        if placement.fallback and request.backend is None and t.backend is None and not artifact:
-            placement = Placement(PREFERRED_BACKENDS["cpu"][0], "cpu", placement.fallback)  # the default
+        if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
+            choice = choice or _auto_choice(path, options)
+            placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
         _check_fits(placement.backend, path, options.n_ctx, free)
         single = placement
-        return Opening(placement, None, lambda: open_decoder(single.backend, path, single.device, dopts))
+        if single.auto is not None:
+            return Opening(single, None, lambda: _open_auto(path, single, dopts))
+        return Opening(
+            single, None, lambda: (open_decoder(single.backend, path, single.device, dopts), single)
+        )
 
     inventory = discover()
     profiles = device_profiles(inventory, emulate_npu=request.emulate)
     if request.emulate:  # the emulated NPU only, even where a real one exists
         profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
-    if request.backend and mode == "auto":
-        profiles = [p for p in profiles if p.backend == request.backend]
+    if asked and mode == "auto":
+        profiles = [p for p in profiles if p.backend == asked]
     if artifact:
         if mode != "hetero":
             raise DeviceError(
@@ -255,9 +270,8 @@ def resolve_request(
         )
         backends = "+".join(dict.fromkeys(b for b, _ in where))
         kinds = "+".join(dict.fromkeys(k for _, k in where))
-        return Opening(
-            Placement(backends, kinds), None, lambda: open_artifact_decoder(path, where, options=popts)
-        )
+        parts = Placement(backends, kinds)
+        return Opening(parts, None, lambda: (open_artifact_decoder(path, where, options=popts), parts))
 
     gguf = open_gguf(path)
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
@@ -271,11 +285,10 @@ def resolve_request(
     first = plan_.partitions[0].device
     # one partition or several, they hold the whole model and one KV between them: their backend sizes it
     _check_fits(first.backend, path, ctx, free)
+    where = _placement_of(plan_)
     if len(plan_.partitions) == 1 and not plan_.static:
-        return Opening(
-            _placement_of(plan_), plan_, lambda: open_decoder(first.backend, path, first.kind, dopts)
-        )
-    return Opening(_placement_of(plan_), plan_, lambda: open_planned_decoder(path, plan_, options, log=log))
+        return Opening(where, plan_, lambda: (open_decoder(first.backend, path, first.kind, dopts), where))
+    return Opening(where, plan_, lambda: (open_planned_decoder(path, plan_, options, log=log), where))
 
 
 def open_requested(
@@ -283,7 +296,34 @@ def open_requested(
 ) -> tuple[Decoder, Placement, Plan | None]:
     """`resolve_request`, then open: the decoder, where it runs, and the plan when one was made."""
     opening = resolve_request(path, request, options, log=log)
-    return opening.open(), opening.placement, opening.plan
+    decoder, placement = opening.open()
+    return decoder, placement, opening.plan
+
+
+def _auto_choice(path: Path, options: PlannedOptions) -> Choice:
+    return choose_backend(path, precision=options.precision, threads=options.threads)
+
+
+def _open_auto(path: Path, placement: Placement, dopts: DecoderOptions) -> tuple[Decoder, Placement]:
+    """Open auto's choice. A file the own graph builder refuses only while building (a block type it does not
+    import, partial rotary embeddings) goes to llama.cpp, as one models/arch.py refuses does, with the note."""
+    from edge.devices.registry import open_decoder
+
+    try:
+        return open_decoder(placement.backend, path, "cpu", dopts), placement
+    except ModelFormatError as exc:
+        if placement.backend == "llamacpp" or dopts.precision == "exact":
+            raise
+        try:
+            decoder = open_decoder("llamacpp", path, "cpu", dopts)
+        except BackendUnavailableError:
+            raise ModelFormatError(
+                f"{exc.message}; only llama.cpp may run this file, and llama-cpp-python is not installed",
+                hint=INSTALL_LLAMACPP,
+            ) from None
+        note = f"{exc.message}; llama.cpp runs it"
+        choice = Choice("llamacpp", "refused", "edge's own graphs do not run this file", note=note)
+        return decoder, Placement("llamacpp", "cpu", placement.fallback, auto=choice)
 
 
 def _graph_backend(kind: str, profiles: list[DeviceProfile]) -> str:

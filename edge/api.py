@@ -22,7 +22,7 @@ def load(
     model: str | None = None,
     *,
     device: str = "cpu",
-    backend: str | None = None,
+    backend: str | None = "auto",
     draft: str | None = "auto",
     fallback: bool | str = False,
     n_ctx: int = 4096,
@@ -40,7 +40,8 @@ def load(
     layers split into partitions across the listed devices by the planner); an absent device raises
     `edge.DeviceError` listing what exists, unless `fallback=True` (or a device kind, "cpu") — then
     `model.fallback` says what replaced what. `emulate=True` with device="npu" runs the NPU-shaped (static)
-    graphs on the CPU. `backend`: llamacpp (default) | ort | openvino (`edge devices` lists them). `draft`:
+    graphs on the CPU. `backend`: auto (default: the backend that measures fastest for this model on this
+    machine; `model.backend_choice` says why) | llamacpp | ort | openvino (`edge devices` lists them). `draft`:
     speculative decoding: "auto" (prompt lookup, plus a compatible draft model already pulled, on the own-graph
     backends), "none", "ngram" or a draft model (`draft_k`: the most tokens drafted per step).
     `precision`: "fast" (int8 activations where a graph backend has them, as llama.cpp computes) or "exact"
@@ -84,11 +85,11 @@ def load(
     )
     opening = resolve_request(path, request, popts)  # where it runs, and whether it fits there
     tokenizer = load_tokenizer(gguf.metadata)  # before any backend reads the file (the NOTE above)
-    decoder = opening.open()
+    decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
     try:
         display = name if name in CATALOG else path.name
         loaded = Model(
-            display, path, gguf, tokenizer, decoder, opening.placement, device_plan=opening.plan, options=opts
+            display, path, gguf, tokenizer, decoder, placement, device_plan=opening.plan, options=opts
         )
         spec = SpecConfig(k_max=draft_k)  # invalid options fail before a draft loads
         drafters = open_drafters(
@@ -96,7 +97,7 @@ def load(
             tokenizer,
             display,
             decoder.vocab_size,
-            target_backend=opening.placement.backend,
+            target_backend=placement.backend,
             target_path=path,
             device=draft_device,
             n_ctx=n_ctx,

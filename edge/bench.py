@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,20 @@ from edge import __version__
 from edge.bench_draft import DraftBenchResult, measure_draft
 from edge.bench_peers import PEERS, measure_peer
 from edge.data import read_text
+from edge.devices.auto import (
+    AUTO,
+    AUTO_BACKENDS,
+    Speed,
+    choose_backend,
+    machine_key,
+    model_sha256,
+    record_speeds,
+)
 from edge.devices.base import Decoder
 from edge.devices.discovery import discover
 from edge.devices.registry import DecoderOptions, open_decoder, require_backend
 from edge.errors import EdgeError
+from edge.models.artifact import is_artifact
 from edge.models.gguf_file import open_gguf
 from edge.models.store import resolve_model
 from edge.models.tokenizer import Tokenizer, load_tokenizer
@@ -47,8 +57,9 @@ LOAD_NOTE = (
 
 @dataclass(frozen=True)
 class BenchConfig:
-    backends: tuple[str, ...] = ("llamacpp",)
-    against: str = "llamacpp"
+    # "auto": the backend `--backend auto` runs the model on (resolved by run_bench, which says why)
+    backends: tuple[str, ...] = (AUTO,)
+    against: str | None = None  # the ratios' reference; None: the first of `backends`
     device: str = "cpu"
     prompt_tokens: int = 128
     gen_tokens: int = 128
@@ -74,6 +85,8 @@ class BenchConfig:
             raise ValueError("--backends must name at least one backend")
         if len(set(self.backends)) != len(self.backends):
             raise ValueError(f"--backends lists a backend twice: {','.join(self.backends)}")
+        if self.against is None:
+            object.__setattr__(self, "against", self.backends[0])
         if self.against not in self.backends:
             raise ValueError(f"--against {self.against} is not in --backends {','.join(self.backends)}")
         for name, value in (
@@ -382,9 +395,10 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     """Measure every backend `cfg.repeat` times, interleaved; `on_step(what, steps_done)` before each step."""
     step = on_step or (lambda _what, _done: None)
     for b in cfg.backends:  # fail before measuring anything
-        if b not in PEERS:
+        if b not in PEERS and b != AUTO:
             require_backend(b)
     path = resolve_model(model)
+    cfg, auto_note = _resolve_auto(cfg, path)
     gguf = open_gguf(path)
     tokenizer = load_tokenizer(gguf.metadata)
     prompt = bench_prompt(tokenizer, cfg.prompt_tokens)
@@ -452,4 +466,38 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         "bound_tok_s": round(bound, 1),
     }
     notes = {"rss": RSS_METHOD, "load": LOAD_NOTE}
+    if auto_note:
+        notes["auto"] = auto_note
+    if _record_for_auto(path, cfg, results):
+        notes["auto_record"] = (
+            "these medians now decide --backend auto for this file on this machine (devices/auto.py)"
+        )
     return BenchReport(model, str(path), cfg, machine, tuple(results), roofline, notes, draft)
+
+
+def _resolve_auto(cfg: BenchConfig, path: Path) -> tuple[BenchConfig, str | None]:
+    """`auto` in --backends becomes the backend `--backend auto` runs this model on, with why."""
+    if AUTO not in cfg.backends:
+        return cfg, None
+    if cfg.device != "cpu" or is_artifact(path):
+        raise EdgeError(
+            "--backends auto chooses between backends for a GGUF file on the CPU",
+            hint="name the backends, e.g. --backends ort,openvino",
+        )
+    choice = choose_backend(path, precision=cfg.precision, threads=cfg.threads)
+    backends = tuple(dict.fromkeys(choice.backend if b == AUTO else b for b in cfg.backends))
+    against = choice.backend if cfg.against == AUTO else cfg.against
+    return replace(cfg, backends=backends, against=against), choice.explain()
+
+
+def _record_for_auto(path: Path, cfg: BenchConfig, results: Sequence[BackendResult]) -> bool:
+    """Hand this run's medians to `--backend auto` (a GGUF on the CPU, two or more of its backends)."""
+    if cfg.device != "cpu" or is_artifact(path):
+        return False
+    speeds = {
+        r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median)
+        for r in results
+        if r.backend in AUTO_BACKENDS
+    }
+    source = f"edge bench, {cfg.repeat} round(s), {cfg.prompt_tokens}-token prompt, {cfg.gen_tokens} decoded"
+    return record_speeds(model_sha256(path), machine_key(cfg.threads), cfg.precision, speeds, source)

@@ -107,6 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(_explain(m), file=sys.stderr)
         if p.fallback:
             print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
+        if p.auto is not None and p.auto.note:
+            print(f"edge: note: {p.auto.note}", file=sys.stderr)
         if m.template is None and not args.raw:
             print(f"edge: note: {m.name} has no chat template; running as plain completion", file=sys.stderr)
         on_text = None if args.json else _stdout_writer()
@@ -131,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "backend": result.backend,
             "device": result.device,
             "fallback": result.fallback,
+            "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
             "precision": precision,
             "draft": None if s.draft is None else _draft_json(s.draft, result.backend, precision, args),
             "stop_reason": s.stop_reason,
@@ -144,23 +147,30 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
             f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
             f"{'' if s.draft is None else s.draft.summary() + ' · '}{result.backend}/{result.device}"
-            f"{'' if precision is None else ' ' + precision}]",
+            f"{'' if precision is None else ' ' + precision}"
+            f"{'' if p.auto is None or p.backend != result.backend else ' (' + p.auto.label + ')'}]",
             file=sys.stderr,
         )
     return 0
 
 
 def _explain(m: Any) -> str:
-    """The plan of `edge run --explain`: the planner's when the request went through it, else the one device."""
+    """The plan of `edge run --explain`: the planner's when the request went through it, else the one device
+    (and, with --backend auto, which backend and why)."""
     if m.plan is not None:
         return f"{m.name}: {m.plan}"
     p = m.placement
     note = f" (fallback {p.fallback})" if p.fallback else ""
     what = "llama.cpp owns the graph" if p.backend == "llamacpp" else "edge's graph with the ring-buffer KV"
-    return (
-        f"plan: {m.name} whole model on {p.backend}:{p.device}{note}; one partition ({what})\n"
-        "  why: one device was asked for; --device auto or hetero:A,B plan from measured device speeds"
-    )
+    lines = [
+        f"plan: {m.name} whole model on {p.backend}:{p.device}{note}; one partition ({what})",
+        "  why: one device was asked for; --device auto or hetero:A,B plan from measured device speeds",
+    ]
+    if p.auto is not None:
+        lines += ["  " + line for line in p.auto.explain().splitlines()]
+        if p.auto.note:
+            lines.append(f"  note: {p.auto.note}")
+    return "\n".join(lines)
 
 
 def _stdout_writer() -> Callable[[str], None]:
@@ -365,8 +375,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from edge.bench import BenchConfig, run_bench, total_steps
     from edge.bench_report import batch_lines, bench_table, partition_lines, write_plot
 
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    if "all" in backends:  # every backend --backend auto chooses between that runs here
+        from edge.devices.auto import available_backends
+
+        backends = tuple(
+            dict.fromkeys(x for b in backends for x in (available_backends() if b == "all" else [b]))
+        )
     cfg = BenchConfig(
-        backends=tuple(b.strip() for b in args.backends.split(",") if b.strip()),
+        backends=backends,
         against=args.against,
         device=args.device,
         prompt_tokens=args.prompt_tokens,
@@ -401,6 +418,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         (err if args.json == "-" else Console()).print(line, highlight=False)
     if bench.draft is not None:
         (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
+    for key in ("auto", "auto_record"):  # which backend auto benched and why; that auto now reads this run
+        if key in bench.notes:
+            err.print(bench.notes[key], highlight=False)
     if args.plot:
         write_plot(report, args.plot)
         err.print(f"plot written to {args.plot}")
@@ -465,7 +485,10 @@ def _placement_args(p: argparse.ArgumentParser) -> None:
         "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
     )
     p.add_argument(
-        "--backend", default=None, help="a backend that `edge devices` lists as ready (default llamacpp)"
+        "--backend",
+        default="auto",
+        help="auto, or a backend `edge devices` lists as ready: llamacpp | ort | openvino (default auto: the "
+        "backend measured fastest for the model here; --explain says why)",
     )
     p.add_argument(
         "--fallback",
@@ -560,8 +583,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     ben = sub.add_parser("bench", help="speed and memory of backends on a model, side by side")
     ben.add_argument("model", help="catalog name or .gguf path")
-    ben.add_argument("--backends", default="llamacpp", help="comma-separated (default llamacpp)")
-    ben.add_argument("--against", default="llamacpp", help="backend the ratios are relative to")
+    ben.add_argument(
+        "--backends",
+        default="auto",
+        help="comma-separated; auto: the one --backend auto runs the model on (default); all: llamacpp, ort "
+        "and openvino where installed. A run of two or more of them is what --backend auto decides by",
+    )
+    ben.add_argument(
+        "--against",
+        default=None,
+        help="backend the ratios are relative to (default: the first of --backends)",
+    )
     ben.add_argument(
         "--plan",
         action="append",

@@ -285,9 +285,11 @@ def open_drafter(
     precision: str = "fast",
     lazy: bool = False,
 ) -> Drafter:
-    """`ngram`, or a draft model (catalog name or path) on `[backend:]device` (default llamacpp)."""
+    """`ngram`, or a draft model (catalog name or path) on `[backend:]device` (no backend or `auto`: on the CPU
+    the one --backend auto picks for the draft model, devices/auto.py; elsewhere llama.cpp)."""
     if spec == "ngram":
         return NgramDrafter()
+    from edge.devices.auto import AUTO, choose_backend
     from edge.devices.discovery import discover
     from edge.devices.placement import place
     from edge.devices.registry import DecoderOptions, open_decoder
@@ -301,6 +303,10 @@ def open_drafter(
     name = spec if spec in CATALOG else path.name
     check_vocab_compatible(target_tokenizer, load_tokenizer(gguf.metadata), target_name, name)
     backend, _, dev = device.rpartition(":")
+    if backend in ("", AUTO) and dev == "cpu":
+        backend = choose_backend(path, threads=n_threads).backend
+    elif backend == AUTO:
+        backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
     opts = DecoderOptions(n_ctx, n_threads, precision)
     decoder = open_decoder(placement.backend, path, placement.device, opts)

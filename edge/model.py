@@ -147,6 +147,12 @@ class Model:
         return self.placement.backend
 
     @property
+    def backend_choice(self) -> str | None:
+        """Why auto chose `backend` (measured here, the recorded prior, ...); None when the backend was named."""
+        choice = self.placement.auto
+        return None if choice is None else choice.explain()
+
+    @property
     def device(self) -> str:
         return self.placement.device
 

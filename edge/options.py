@@ -16,7 +16,8 @@ __all__ = ["Cancel", "GenerateOptions", "LoadOptions", "cancel_poller"]
 class LoadOptions:
     """What `edge.load` takes besides the model (its keywords, one field each)."""
 
-    backend: str | None = None
+    # auto: the backend that measures fastest for this model here (devices/auto.py); None means auto too
+    backend: str | None = "auto"
     device: str = "cpu"  # cpu | gpu | npu | auto | hetero:[backend:]device,...
     # A device kind to run on when the asked-for one is absent (announced); True means "cpu".
     fallback: bool | str = False

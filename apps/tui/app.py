@@ -199,7 +199,7 @@ class ChatApp(App[None]):
 
         inv = discover()
         runnable = runnable_backends()
-        found = [
+        found = ["auto:cpu"] + [  # auto: the backend that measures fastest for the model (devices/auto.py)
             f"{b.name}:{kind}"
             for b in inv.backends
             if b.available and b.name in runnable
@@ -380,7 +380,7 @@ class ChatApp(App[None]):
         if new.load_key() != old.load_key():
             model, self.model = self.model, None
             self.info, self.last_result, self.kv = None, None, None
-            self._set_status(f"loading {new.model} on {new.backend or 'llamacpp'}:{new.device}…")
+            self._set_status(f"loading {new.model} on {new.backend or 'auto'}:{new.device}…")
             self.load_model(new, model)
 
     def action_help(self) -> None:

@@ -102,7 +102,7 @@ class SettingsScreen(ModalScreen["ChatSettings | None"]):
         s = self.settings
         model_values = [v for _, v in self.models]
         models = self.models + ([(s.model, s.model)] if s.model and s.model not in model_values else [])
-        current_dev = f"{s.backend or 'llamacpp'}:{s.device}"
+        current_dev = f"{s.backend or 'auto'}:{s.device}"
         devices = self.devices + ([current_dev] if current_dev not in self.devices else [])
         with VerticalScroll(id="dialog"):
             yield Label("[b]Settings[/]")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class ChatSettings:
     model: str | None = None  # catalog name or .gguf path; None: the catalog default
     device: str = "cpu"
-    backend: str | None = None  # None: llamacpp
+    backend: str | None = None  # None: auto (the backend that measures fastest for the model here)
     fallback: bool | str = False  # or the device kind to fall back to (edge chat --fallback cpu)
     draft: str | None = "auto"  # see edge.drafters.open_drafters
     system: str = ""  # system prompt of new conversations ("" leaves the template's default)

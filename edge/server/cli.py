@@ -55,7 +55,10 @@ def add_parser(sub: Any) -> None:
     srv.add_argument("--max-tokens", type=int, default=4096, help="the most new tokens a request may ask for")
     srv.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,...")
     srv.add_argument(
-        "--backend", default=None, help="a backend that `edge devices` lists as ready (default llamacpp)"
+        "--backend",
+        default="auto",
+        help="auto, or a backend `edge devices` lists as ready: llamacpp | ort | openvino (default auto: the "
+        "fastest measured for each model here)",
     )
     srv.add_argument("--fallback", nargs="?", const="cpu", default=None, metavar="DEVICE")
     srv.add_argument("--precision", choices=("fast", "exact"), default="fast")

@@ -21,7 +21,7 @@ class LoadSettings:
     """What `edge.load` gets for every model the server loads (the `edge serve` flags)."""
 
     device: str = "cpu"
-    backend: str | None = None
+    backend: str | None = "auto"  # auto: the backend that measures fastest for each model here
     fallback: bool | str = False
     precision: str = "fast"
     n_ctx: int = 4096

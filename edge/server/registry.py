@@ -108,6 +108,8 @@ class Registry:
             raise
         m = replicas[0]
         note = f", fallback {m.fallback}" if m.fallback else ""
+        auto = m.placement.auto
+        note += f", backend {auto.label}" if auto is not None else ""
         log.info(
             "loaded model %s as %r on %s:%s in %.1f s%s",
             ref, m.name, m.backend, m.device, time.monotonic() - t0, note,

@@ -64,7 +64,7 @@ def start(tmp_path: Path, edge_args: str, *, env_extra: str = "") -> Tmux:
 
 @pytest.fixture
 def tmux(tmp_path: Path) -> Iterator[Tmux]:
-    t = start(tmp_path, "chat smollm2-135m --temperature 0 --max-tokens 32 --threads 2")
+    t = start(tmp_path, "chat smollm2-135m --backend llamacpp --temperature 0 --max-tokens 32 --threads 2")
     try:
         yield t
     finally:

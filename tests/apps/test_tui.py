@@ -330,7 +330,9 @@ def test_snapshot_conversations(tmp_path: Path, snap_compare: Any, monkeypatch: 
 @sync
 async def test_real_model_stream_stop_ask_again_reopen(tmp_path: Path) -> None:
     store = ConversationStore(tmp_path / "conversations")
-    settings = ChatSettings(model="smollm2-135m", temperature=0.0, max_tokens=300, n_threads=2)
+    settings = ChatSettings(
+        model="smollm2-135m", backend="llamacpp", temperature=0.0, max_tokens=300, n_threads=2
+    )
     app = ChatApp(settings, store=store, devices=["llamacpp:cpu"])
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.model is not None)
@@ -351,7 +353,9 @@ async def test_real_model_stream_stop_ask_again_reopen(tmp_path: Path) -> None:
         assert "cancelled" in stats(app)
 
         # ask again: the answer comes, and the earlier turns' KV is reused
-        app.settings = ChatSettings(model="smollm2-135m", temperature=0.0, max_tokens=24, n_threads=2)
+        app.settings = ChatSettings(
+            model="smollm2-135m", backend="llamacpp", temperature=0.0, max_tokens=24, n_threads=2
+        )
         await send(pilot, "What is the capital of France")
         await wait_for(pilot, lambda: not app.generating and len(messages(app)) == 4, timeout=180)
         assert messages(app)[3].source.strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,7 +96,11 @@ def test_absent_device_lists_what_exists_and_fallback_is_announced() -> None:
         "2",
     )
     assert proc.returncode == 0, proc.stderr
-    assert "plan: smollm2-135m whole model on llamacpp:cpu (fallback npu -> cpu)" in proc.stderr
+    # the CPU it falls back to runs --backend auto's choice, and says why
+    assert re.search(
+        r"plan: smollm2-135m whole model on (llamacpp|ort|openvino):cpu \(fallback npu -> cpu\)", proc.stderr
+    )
+    assert "backend auto -> " in proc.stderr
     assert_one_line_error(
         edge("run", "smollm2-135m", "hi", "--device", "hetero:cpu"), "hetero needs two or more"
     )
@@ -107,7 +112,18 @@ def test_run_json_greedy_equals_llama_cpp_python() -> None:
     import llama_cpp
 
     prompt = "Why is the sky blue? Answer in two sentences."
-    proc = edge("run", "smollm2-135m", prompt, "--json", "--temperature", "0", "--max-tokens", "48")
+    proc = edge(
+        "run",
+        "smollm2-135m",
+        prompt,
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "48",
+        "--backend",
+        "llamacpp",
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)  # the whole stdout is one JSON object
     keys = {"model", "text", "token_ids", "n_prompt_tokens", "n_tokens", "ttft_ms", "prefill_tok_s"}

@@ -378,6 +378,8 @@ def test_cli_draft_json_summary_and_refusal(files: dict[str, Path]) -> None:
         "24",
         "--ctx-size",
         "1024",
+        "--backend",  # written against llama.cpp, where --draft auto drafts nothing
+        "llamacpp",
     ]
     plain = json.loads(edge_cli(*common, "--json").stdout)
     assert plain["draft"] is None
@@ -412,7 +414,14 @@ def test_qwen_pair_greedy_equals_target_and_smollm_is_refused() -> None:
 
     cfg = GenerationConfig(max_tokens=40)
     prompt = "Write a Python function that returns the n-th Fibonacci number."
-    with load("qwen2.5-coder-1.5b", n_ctx=1024, draft="qwen2.5-coder-0.5b") as m:
+    # llama.cpp: greedy spec == plain holds on its verify path (the own graphs promise it at --precision exact)
+    with load(
+        "qwen2.5-coder-1.5b",
+        backend="llamacpp",
+        n_ctx=1024,
+        draft="qwen2.5-coder-0.5b",
+        draft_device="llamacpp:cpu",
+    ) as m:
         assert m.speculative is not None
         drafter = m.speculative.drafter
         # a fixed k = 4 verifies 5 tokens per target forward (adaptive k may find plain steps cheaper here)

@@ -148,14 +148,15 @@ def test_llama_cpp_context_refuses_a_long_prompt_and_stays_usable(
 
 
 def test_long_prompt_through_the_model_and_cli(tiny_model: Path) -> None:
-    with load(str(tiny_model), n_ctx=256, n_threads=1) as m:
+    # llama.cpp's fixed context (the own graphs' ring keeps sinks + recent tokens instead: tests/kvcache)
+    with load(str(tiny_model), backend="llamacpp", n_ctx=256, n_threads=1) as m:
         fresh = m.generate("w1 w2 w3", GenerationConfig(max_tokens=4), reuse=False, raw=True).token_ids
         with pytest.raises(ContextOverflowError):
             m.generate("w7 " * 300, GenerationConfig(max_tokens=4), reuse=False, raw=True)
         assert (
             m.generate("w1 w2 w3", GenerationConfig(max_tokens=4), reuse=False, raw=True).token_ids == fresh
         )
-    proc = cli("run", str(tiny_model), "w7 " * 300, "--raw", "--ctx-size", "256")
+    proc = cli("run", str(tiny_model), "w7 " * 300, "--raw", "--ctx-size", "256", "--backend", "llamacpp")
     assert_one_line_error(proc, "context holds 256")
 
 

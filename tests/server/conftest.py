@@ -37,6 +37,7 @@ def start_server(tiny_model: Path) -> Iterator[Callable[..., Server]]:
         kwargs.setdefault("models", [str(tiny_model)])
         kwargs.setdefault("n_ctx", 2048)
         kwargs.setdefault("n_threads", 1)
+        kwargs.setdefault("backend", "llamacpp")  # these tests were written against llama.cpp's outputs
         kwargs.setdefault("grace_s", 1.0)
         server = edge.serve(port=0, host="127.0.0.1", block=False, **kwargs)
         started.append(server)

@@ -1,0 +1,359 @@
+"""`--backend auto`: the backend that measures fastest for this model on this machine.
+
+What decides, best first:
+1. measured here: `edge bench` records its medians per (model file SHA-256, machine, precision) in
+   `<cache>/backend-speed.json`; its latest run that measured two or more of the candidates decides.
+2. the prior: speeds recorded on the reference machine (`auto_prior.json`, written by
+   benchmarks/auto_prior.py from an `edge bench` results file): the same file when it is a catalog model,
+   else the recorded model nearest in size. Recorded at `--precision fast` only.
+3. nothing recorded (`--precision exact` unmeasured): ONNX Runtime, said as such.
+
+NOTE: auto never measures while loading: measuring means loading every candidate (seconds to build a graph,
+twice the memory) and 2 shared cores make a short measurement noise; `edge bench MODEL --backends all` is the
+measurement (interleaved rounds), and its result is reused until the file, the CPU or a runtime changes.
+
+"Fastest" is the time of a reference request, 128 prompt tokens (the first prompt after load) and 128 tokens
+decoded, as `edge bench` measures by default. Only the own graphs honour `--precision exact`, so an exact
+request chooses among them; a file the own graphs refuse (models/arch.py) goes to llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+from edge.errors import BackendUnavailableError, ModelFormatError
+
+__all__ = [
+    "AUTO",
+    "AUTO_BACKENDS",
+    "Choice",
+    "Speed",
+    "choose_backend",
+    "machine_key",
+    "model_sha256",
+    "record_speeds",
+]
+
+AUTO = "auto"
+# The backends auto chooses between, in the order a tie goes.
+AUTO_BACKENDS = ("llamacpp", "ort", "openvino")
+GRAPH_BACKENDS = ("ort", "openvino")
+REF_PROMPT, REF_GEN = 128, 128  # the reference request "fastest" is timed on
+SPEEDS_FILE = "backend-speed.json"
+_FORMAT = 1
+_DISTS = {"llamacpp": "llama-cpp-python", "ort": "onnxruntime", "openvino": "openvino"}
+INSTALL_LLAMACPP = 'pip install "edge-llm[llamacpp]"'
+
+
+@dataclass(frozen=True)
+class Speed:
+    prefill_tok_s: float  # the first prompt after load
+    decode_tok_s: float
+
+    def request_s(self) -> float:
+        return REF_PROMPT / self.prefill_tok_s + REF_GEN / self.decode_tok_s
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What auto chose and why. `source`: measured | prior | default | only (one candidate) | refused (the own
+    graphs do not run the file; `note` says why)."""
+
+    backend: str
+    source: str
+    why: str
+    speeds: Mapping[str, Speed] = field(default_factory=dict)
+    note: str | None = None
+
+    @property
+    def label(self) -> str:
+        """For the summary line: `auto, measured`."""
+        return f"auto, {self.source}"
+
+    def explain(self) -> str:
+        lines = [f"backend auto -> {self.backend} ({self.source}): {self.why}"]
+        fastest = min((s.request_s() for s in self.speeds.values()), default=0.0)
+        for b, s in sorted(self.speeds.items(), key=lambda kv: kv[1].request_s()):
+            lines.append(
+                f"  {b:<9} prefill {s.prefill_tok_s:7.0f} tok/s  decode {s.decode_tok_s:6.1f} tok/s  "
+                f"{REF_PROMPT}+{REF_GEN}-token request {s.request_s():5.2f} s ({s.request_s() / fastest:.2f}x)"
+            )
+        return "\n".join(lines)
+
+
+# -- keys --------------------------------------------------------------------------------------------------
+def machine_key(threads: int | None) -> dict[str, Any]:
+    """What a measurement holds for: the CPU, the thread count and the runtimes' versions (installed ones)."""
+    from edge.devices.discovery import probe_cpu
+
+    cpu = probe_cpu()
+    versions: dict[str, str | None] = {}
+    for backend, dist in _DISTS.items():
+        try:
+            versions[backend] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[backend] = None
+    try:
+        versions["edge"] = metadata.version("edge-llm")
+    except metadata.PackageNotFoundError:
+        versions["edge"] = None
+    return {"cpu": cpu.model, "threads": threads or cpu.physical_cores, "versions": versions}
+
+
+def _catalog_sha256(path: Path) -> str | None:
+    """The catalog's SHA-256 when `path` is a verified catalog file (no hashing), else None."""
+    from edge.models.catalog import CATALOG
+    from edge.models.store import is_verified, model_path
+
+    real = path.resolve()
+    for entry in CATALOG.values():
+        if model_path(entry).resolve() == real and is_verified(entry):
+            return entry.sha256
+    return None
+
+
+def model_sha256(path: Path) -> str:
+    """The file's SHA-256: the catalog's for a verified catalog file, else hashed once and remembered by
+    (path, size, mtime) in the cache."""
+    from edge.models.artifact import file_sha256
+    from edge.models.store import cache_dir
+
+    known = _catalog_sha256(path)
+    if known is not None:
+        return known
+    real = path.resolve()
+    st = real.stat()
+    memo_path = cache_dir() / "sha256-memo.json"
+    key = f"{real}|{st.st_size}|{st.st_mtime_ns}"
+    memo = _read_json(memo_path).get("files", {})
+    if isinstance(memo, dict) and isinstance(memo.get(key), str):
+        return str(memo[key])
+    digest = file_sha256(real)
+    memo = memo if isinstance(memo, dict) else {}
+    memo[key] = digest
+    _write_json(memo_path, {"files": memo})
+    return digest
+
+
+# -- the measurement store ---------------------------------------------------------------------------------
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # absent or damaged: nothing recorded (the next record rewrites it whole)
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1)
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _speeds_path() -> Path:
+    from edge.models.store import cache_dir
+
+    return cache_dir() / SPEEDS_FILE
+
+
+def _parse_speeds(raw: object) -> dict[str, Speed]:
+    out: dict[str, Speed] = {}
+    if not isinstance(raw, dict):
+        return out
+    for b, s in raw.items():
+        try:
+            speed = Speed(float(s["prefill_tok_s"]), float(s["decode_tok_s"]))
+        except (TypeError, KeyError, ValueError):
+            continue
+        if b in AUTO_BACKENDS and speed.prefill_tok_s > 0 and speed.decode_tok_s > 0:
+            out[b] = speed
+    return out
+
+
+def record_speeds(
+    sha256: str, machine: Mapping[str, Any], precision: str, speeds: Mapping[str, Speed], source: str
+) -> bool:
+    """Remember one measurement run (replacing the earlier one for the same key); runs of fewer than two
+    backends compare nothing and are not kept. Returns whether it was kept."""
+    kept = {b: s for b, s in speeds.items() if b in AUTO_BACKENDS}
+    if len(kept) < 2:
+        return False
+    path = _speeds_path()
+    data = _read_json(path)
+    runs = data.get("runs") if data.get("format") == _FORMAT else None
+    runs = [r for r in (runs if isinstance(runs, list) else []) if isinstance(r, dict)]
+    key = {"model": sha256, "machine": dict(machine), "precision": precision}
+    runs = [r for r in runs if {k: r.get(k) for k in key} != key]
+    runs.append(
+        {
+            **key,
+            "backends": {
+                b: {"prefill_tok_s": round(s.prefill_tok_s, 2), "decode_tok_s": round(s.decode_tok_s, 2)}
+                for b, s in kept.items()
+            },
+            "source": source,
+            "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+    )
+    _write_json(path, {"format": _FORMAT, "runs": runs})
+    return True
+
+
+def _has_runs() -> bool:
+    runs = _read_json(_speeds_path()).get("runs")
+    return isinstance(runs, list) and bool(runs)
+
+
+def _measured(sha256: str, machine: Mapping[str, Any], precision: str) -> tuple[dict[str, Speed], str] | None:
+    data = _read_json(_speeds_path())
+    if data.get("format") != _FORMAT or not isinstance(data.get("runs"), list):
+        return None
+    for r in reversed(data["runs"]):
+        if isinstance(r, dict) and (r.get("model"), r.get("machine"), r.get("precision")) == (
+            sha256,
+            dict(machine),
+            precision,
+        ):
+            return _parse_speeds(
+                r.get("backends")
+            ), f"{r.get('source', 'edge bench')}, {r.get('recorded', '?')}"
+    return None
+
+
+def _prior() -> dict[str, Any]:
+    try:
+        text = resources.files("edge.devices").joinpath("auto_prior.json").read_text(encoding="utf-8")
+        data = json.loads(text)
+    except (OSError, ValueError, ModuleNotFoundError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# -- the choice --------------------------------------------------------------------------------------------
+def _fastest(speeds: Mapping[str, Speed], candidates: Sequence[str]) -> str:
+    return min((b for b in candidates if b in speeds), key=lambda b: speeds[b].request_s())
+
+
+def available_backends() -> list[str]:
+    """The auto candidates whose SDK imports here (llama-cpp-python is an extra)."""
+    from edge.devices.discovery import PROBES
+
+    out = []
+    for b in AUTO_BACKENDS:
+        try:
+            if PROBES[b]().available:
+                out.append(b)
+        except Exception:  # a broken SDK is an absent one here; naming it explicitly shows the error
+            continue
+    return out
+
+
+def own_graph_refusal(path: Path) -> str | None:
+    """Why edge's own graphs refuse the file (models/arch.py), or None when they take it."""
+    from edge.models.arch import ArchConfig
+    from edge.models.gguf_file import open_gguf
+
+    gguf = open_gguf(path)
+    try:
+        ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+    except ModelFormatError as exc:
+        return exc.message
+    return None
+
+
+def choose_backend(
+    path: Path,
+    *,
+    precision: str = "fast",
+    threads: int | None = None,
+    available: Sequence[str] | None = None,
+) -> Choice:
+    """The backend `--backend auto` runs `path` (a GGUF file) on, on this machine's CPU."""
+    have = list(available_backends() if available is None else available)
+    refusal = own_graph_refusal(path)
+    if refusal is not None:
+        note = f"{refusal}; llama.cpp runs it"
+        if precision == "exact":
+            raise ModelFormatError(
+                f"{refusal}: --precision exact needs edge's own graph, which does not run this file",
+                hint="use --precision fast (auto then runs it on llama.cpp)",
+            )
+        if "llamacpp" not in have:
+            raise BackendUnavailableError(
+                f"{refusal}; only llama.cpp runs this file, and llama-cpp-python is not installed",
+                hint=INSTALL_LLAMACPP,
+            )
+        return Choice("llamacpp", "refused", "edge's own graphs do not run this file", note=note)
+    # llama.cpp has one precision (int8 activations): it cannot answer an exact request
+    candidates = [b for b in have if b in (GRAPH_BACKENDS if precision == "exact" else AUTO_BACKENDS)]
+    if not candidates:
+        raise BackendUnavailableError(
+            "no backend that runs this model imports here (onnxruntime, openvino, llama-cpp-python)",
+            hint="pip install edge-llm again; `edge devices` shows why each backend is unavailable",
+        )
+    if len(candidates) == 1:
+        return Choice(candidates[0], "only", "the only backend installed that runs it here")
+    # NOTE: hashing a file that is not in the catalog costs ~0.5 s/GB once: only when there are measurements
+    sha = model_sha256(path) if _has_runs() else _catalog_sha256(path)
+    found = None if sha is None else _measured(sha, machine_key(threads), precision)
+    if found is not None:
+        speeds, source = found
+        if sum(b in speeds for b in candidates) >= 2:
+            best = _fastest(speeds, candidates)
+            return Choice(best, "measured", f"fastest measured on this machine ({source})", speeds)
+    if precision == "fast":
+        choice = _from_prior(path, sha, candidates)
+        if choice is not None:
+            return choice
+    why = (
+        f"nothing measured at --precision {precision} on this machine; ONNX Runtime by default "
+        "(`edge bench MODEL --backends all` measures)"
+    )
+    return Choice("ort" if "ort" in candidates else candidates[0], "default", why)
+
+
+def _from_prior(path: Path, sha: str | None, candidates: Sequence[str]) -> Choice | None:
+    prior = _prior()
+    models = prior.get("models")
+    if not isinstance(models, dict) or not models:
+        return None
+    entry = models.get(sha) if sha is not None else None
+    same = isinstance(entry, dict)
+    if (
+        not same
+    ):  # the recorded model nearest in size (speed ratios follow size: bigger, more bandwidth-bound)
+        size = max(path.stat().st_size, 1)
+        entry = min(
+            (m for m in models.values() if isinstance(m, dict) and m.get("size")),
+            key=lambda m: abs(math.log(size / float(m["size"]))),
+            default=None,
+        )
+    if not isinstance(entry, dict):
+        return None
+    speeds = {b: s for b, s in _parse_speeds(entry.get("backends")).items() if b in candidates}
+    if len(speeds) < 2:
+        return None
+    m = prior.get("machine") or {}
+    where = f"{m.get('cpu', '?')}, {m.get('threads', '?')} threads ({prior.get('source', 'auto_prior.json')})"
+    what = "this file" if same else f"the recorded model nearest in size, {entry.get('name')}"
+    why = (
+        f"not measured on this machine: the speeds recorded for {what} on {where}; "
+        "`edge bench MODEL --backends all` measures it here"
+    )
+    return Choice(_fastest(speeds, list(speeds)), "prior", why, speeds)
