@@ -252,12 +252,12 @@ def _fastest(speeds: Mapping[str, Speed], candidates: Sequence[str]) -> str:
 
 def available_backends() -> list[str]:
     """The auto candidates whose SDK imports here (llama-cpp-python is an extra)."""
-    from edge.devices.discovery import PROBES
+    from edge.devices.registry import BACKENDS
 
     out = []
     for b in AUTO_BACKENDS:
         try:
-            if PROBES[b]().available:
+            if BACKENDS[b].probe().available:
                 out.append(b)
         except Exception:  # a broken SDK is an absent one here; naming it explicitly shows the error
             continue
