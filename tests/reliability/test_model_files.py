@@ -374,7 +374,8 @@ def test_model_larger_than_available_memory_fails_fast(tiny_model: Path) -> None
     assert "MiB of memory" in err.message and "but 1 MiB is available" in err.message
     need = llamacpp_memory(open_gguf(tiny_model), 64)
     assert need.weights == sum(t.nbytes for t in open_gguf(tiny_model).tensors.values())
-    with load(str(tiny_model), n_ctx=64, n_threads=1, available_memory=need.total) as m:
+    # sized as llama.cpp sizes it (the graphs' f32 ring is sized by graph_memory)
+    with load(str(tiny_model), backend="llamacpp", n_ctx=64, n_threads=1, available_memory=need.total) as m:
         assert m.decoder.n_ctx >= 64  # exactly enough is enough
 
 
@@ -384,7 +385,7 @@ def test_kv_cache_counts_toward_the_need(tiny_model: Path) -> None:
     # 2 layers x 2 KV heads x (16 + 16) dims x 2 bytes per token; llama.cpp pads 64 to 256 tokens
     assert big.kv_cache - small.kv_cache == ((1 << 20) - 256) * 2 * 2 * 2 * 32
     with pytest.raises(InsufficientMemoryError, match="KV cache for 1048576 tokens"):
-        load(str(tiny_model), n_ctx=1 << 20, available_memory=big.total - 1)
+        load(str(tiny_model), backend="llamacpp", n_ctx=1 << 20, available_memory=big.total - 1)
 
 
 @pytest.fixture
