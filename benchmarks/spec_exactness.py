@@ -1,5 +1,6 @@
-"""Does speculative decoding change greedy output on the own graphs? Same model, same prompts, `--draft auto`
-vs no draft, at both precisions; counts identical answers and where the others first differ.
+"""Does speculative decoding change greedy output on the own graphs? Same model, same prompts, `--draft auto`'s
+drafters vs no draft, at both precisions; counts identical answers and where the others first differ. (This
+is why auto drafts greedy generations only at --precision exact.)
 
     python benchmarks/spec_exactness.py                       # qwen2.5-coder-0.5b and smollm2-135m on ort
     python benchmarks/spec_exactness.py --models qwen2.5-coder-1.5b --backend openvino --tokens 96
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from edge.api import load  # noqa: E402
 from edge.generate import GenerationConfig  # noqa: E402
+from edge.speculative import SpeculativeDecoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CODE = """def load(path):
@@ -60,8 +62,9 @@ def run(model: str, backend: str, precision: str, tokens: int) -> list[dict[str,
     cfg = GenerationConfig(max_tokens=tokens)  # greedy (GenerationConfig's default temperature is 0)
     out = []
     with load(model, backend=backend, precision=precision, n_ctx=2048, draft="auto") as m:
-        spec = m.speculative
-        assert spec is not None, f"--draft auto gave no drafter for {model} on {backend}"
+        assert m.speculative is not None, f"--draft auto gave no drafter for {model} on {backend}"
+        # auto's drafters, drafting greedy generations too (auto itself does so only at exact precision)
+        spec = SpeculativeDecoding(m.decoder, m.speculative.drafters, m.speculative.config)
         for prompt in PROMPTS:
             m.speculative = spec
             drafted = m.generate(prompt, cfg, reuse=False)

@@ -105,7 +105,10 @@ def load(
             precision=precision,
         )
         if drafters:
-            loaded.speculative = SpeculativeDecoding(decoder, drafters, spec)
+            # auto drafts greedy generations only where a batched verify gives the one-token step's logits
+            # to ~1e-4 (--precision exact): at fast, int8 rounding could flip a near-tie (README)
+            greedy = draft != "auto" or precision == "exact"
+            loaded.speculative = SpeculativeDecoding(decoder, drafters, spec, greedy=greedy)
         return loaded
     except BaseException:
         decoder.close()

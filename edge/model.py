@@ -394,13 +394,15 @@ class Model:
         cancel: Callable[[], bool] | None,
         keep: int | None,
     ) -> Generation:
+        spec = self.speculative
+        sampling = (config or GenerationConfig()).sampling
         return Generation(
             self.decoder,
             self.tokenizer,
             ids,
             config,
             cancel=cancel,
-            decoding=self.speculative,
+            decoding=spec if spec is not None and spec.applies(sampling) else None,
             session=self.session,
             keep=keep,
         )
@@ -460,7 +462,7 @@ class Model:
         self.session = self.session.moved_to(decoder)
         if self.speculative is not None:
             spec = self.speculative
-            self.speculative = SpeculativeDecoding(decoder, spec.drafters, spec.config)
+            self.speculative = SpeculativeDecoding(decoder, spec.drafters, spec.config, greedy=spec.greedy)
         with contextlib.suppress(Exception):  # the failed backend may not even close cleanly
             old.close()
 

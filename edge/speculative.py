@@ -266,8 +266,13 @@ class SpeculativeDecoding:
         config: SpecConfig | None = None,
         *,
         rule: AcceptRule = rejection_rule,
+        greedy: bool = True,
     ) -> None:
         self.target = target
+        # False: greedy generations run without drafts (`--draft auto` at --precision fast, where a batched
+        # verify's int8 rounding could flip a near-tie and so change greedy output; sampling keeps the
+        # target's distribution either way)
+        self.greedy = greedy
         self.drafters: list[Drafter] = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
         if not self.drafters:
             raise ValueError("speculative decoding needs at least one drafter")
@@ -290,6 +295,10 @@ class SpeculativeDecoding:
         verify: dict[int, float] = {}  # the target's forward costs, whichever drafter fed it
         self.choosers = [AdaptiveK(self.config, verify) for _ in self.drafters]
         self.chooser = self.choosers[0]
+
+    def applies(self, sampling: SamplingConfig) -> bool:
+        """Whether a generation with these sampling settings drafts (see `greedy`)."""
+        return self.greedy or not sampling.greedy
 
     # -- the Decoding protocol ---------------------------------------------------------------------
     def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:

@@ -24,6 +24,7 @@ from edge.drafters import ModelDrafter, NgramDrafter, open_drafters
 from edge.generate import Generation, GenerationConfig
 from edge.models.gguf_file import open_gguf
 from edge.models.tokenizer import Tokenizer, load_tokenizer
+from edge.sampling import SamplingConfig
 from edge.speculative import SpecConfig, SpeculativeDecoding
 from tests.tiny_models import TinySpec, write_tiny_model
 
@@ -215,3 +216,29 @@ def test_cancel_mid_draft_keeps_target_and_draft_consistent(files: dict[str, Pat
         m.speculative.close()
     assert again == plain and all(len(ids) == 60 for ids in plain)  # 60 tokens: past the 48-slot ring's wrap
     assert st is not None and st.drafted > 0
+
+
+def test_auto_drafts_greedy_generations_only_where_they_cannot_change(
+    files: dict[str, Path], edge_cache: Path
+) -> None:
+    """--draft auto at --precision fast: sampled generations draft (the rejection rule keeps the target's
+    distribution), greedy ones do not (int8 rounding could flip a near-tie: benchmarks/results/spec-exactness-*);
+    at --precision exact greedy generations draft too. A named drafter always drafts."""
+    from edge.api import load
+
+    prompt = "a b c a b c a b c a b"
+    greedy = GenerationConfig(max_tokens=24, ignore_eos=True)
+    sampled = GenerationConfig(
+        max_tokens=24, ignore_eos=True, sampling=SamplingConfig(temperature=0.8, seed=3)
+    )
+    opts = dict(backend="ort", n_ctx=128, n_threads=1)
+    with load(str(files["target"]), precision="fast", **opts) as m:
+        assert m.speculative is not None and not m.speculative.greedy
+        assert m.generate(prompt, greedy, raw=True).stats.draft is None
+        st = m.generate(prompt, sampled, raw=True).stats.draft
+        assert st is not None and st.method == "ngram"
+    with load(str(files["target"]), precision="exact", **opts) as m:
+        st = m.generate(prompt, greedy, raw=True).stats.draft
+        assert st is not None and st.drafted > 0
+    with load(str(files["target"]), precision="fast", draft="ngram", **opts) as m:
+        assert m.generate(prompt, greedy, raw=True).stats.draft is not None
