@@ -5,7 +5,8 @@ Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` 
 
 from edge.graph_opt.attention import attention
 from edge.graph_opt.fold import fold
-from edge.graph_opt.linear import BlockWeight, Linear, emit_linear, find_linears
+from edge.graph_opt.forms import FORMS
+from edge.graph_opt.linear import BlockWeight, Linear, emit_linear, is_linear_node, linear_protos, linears_in
 from edge.graph_opt.lower import center_codes, float_zero_points, int8_nibbles, lower, lowering_for
 from edge.graph_opt.manager import (
     PASSES,
@@ -47,6 +48,7 @@ from edge.graph_opt.rotary import rotary
 from edge.graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
 
 __all__ = [
+    "FORMS",
     "FUSIONS",
     "LOWERINGS",
     "PASSES",
@@ -66,13 +68,15 @@ __all__ = [
     "collect_hessians",
     "dynamic_dims",
     "emit_linear",
-    "find_linears",
     "float_zero_points",
     "fold",
     "gptq",
     "graph_pass",
     "int8_nibbles",
+    "is_linear_node",
     "layer_of",
+    "linear_protos",
+    "linears_in",
     "lower",
     "lowering_for",
     "measure_sensitivity",

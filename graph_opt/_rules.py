@@ -9,17 +9,45 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnxscript.rewriter import pattern
 
+# Node metadata tagging the nodes of a linear layer (set by graph_opt.forms.Emitter): the linear's name, its
+# form, and the node's part: "weight" (the form's nodes), "blocksum" (Reshape + ReduceSum of x; after CSE one
+# pair may serve several linears reading the same x) or "bias" (the block-bias MatMul and Add).
+NAME_KEY, FORM_KEY, ROLE_KEY = "edge.linear", "edge.linear.form", "edge.linear.role"
+
 
 def apply_rules(model: ir.Model, rules: Sequence[pattern.RewriteRule], *, commute: bool = False) -> int:
     """Apply rules until none matches (commute: also every operand order of commutative ops); the number of
-    rewrites."""
+    rewrites. No rule may rewrite a node of a linear layer (see `_spare_linears`)."""
     total = 0
     rule_set = pattern.RewriteRuleSet(list(rules), commute=commute)
+    for rule in rule_set.rules:
+        _spare_linears(rule)
     while True:
         n = rule_set.apply_to_model(model)
         total += n
         if not n:
             return total
+
+
+def _spare_linears(rule: pattern.RewriteRule) -> None:
+    """Make `rule` refuse any match that takes in a node tagged as part of a linear layer (graph_opt.linear):
+    a fusion once took a linear's block-bias Add for a residual add, and the linear lost its bias."""
+    # NOTE: onnxscript has no public hook for this; its rules keep the check in `_condition_function`
+    # (onnxscript 0.3 .. 0.7). Fail loudly if that changes rather than fuse linears silently.
+    check = getattr(rule, "_condition_function", None)
+    if check is None:
+        raise RuntimeError("onnxscript's RewriteRule has no _condition_function: update _spare_linears")
+    if getattr(check, "spares_linears", False):
+        return
+
+    def guarded(context, **bindings):  # type: ignore[no-untyped-def]
+        tagged = [n for n in context.nodes if is_linear_node(n)]
+        if tagged:
+            return pattern.MatchResult().fail(f"{tagged[0].op_type} belongs to a linear layer", tagged[0])
+        return check(context, **bindings)
+
+    guarded.spares_linears = True  # type: ignore[attr-defined]
+    rule._condition_function = guarded
 
 
 def const_array(value: ir.Value | None) -> np.ndarray | None:
@@ -84,6 +112,11 @@ def cleanup(model: ir.Model) -> None:
     _remove_unused_initializers(model)
     common.RemoveUnusedOpsetsPass()(model)
     common.TopologicalSortPass()(model)
+
+
+def is_linear_node(node: ir.Node) -> bool:
+    """Whether the node was emitted as part of a linear layer (what the fusion passes must not rewrite)."""
+    return NAME_KEY in node.metadata_props
 
 
 def _remove_unused_initializers(model: ir.Model) -> None:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
-from edge.graph_opt.linear import BlockWeight, emit_linear, find_linears
+from edge.graph_opt.linear import BlockWeight, emit_linear, linears_in
+from edge.graph_opt.lower import lowering_for
 from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = [
@@ -367,7 +368,7 @@ def _run(sess, feeds: Feeds, outputs: Sequence[str]) -> list[np.ndarray]:  # typ
 def collect_hessians(model: ir.Model, calibration: Sequence[Feeds]) -> dict[str, np.ndarray]:
     """Per linear name, X^T X (float64 [k, k]) of its input over every calibration step; linears reading the
     same input share one array."""
-    linears = find_linears(model)
+    linears = linears_in(model)
     by_input: dict[str, list[str]] = {}
     for lin in linears:
         if lin.x.name is None:
@@ -400,12 +401,12 @@ def measure_sensitivity(
     """Per decoder layer: mean KL(unquantized || this layer alone at INT4) of the softmax of `output` over the
     calibration feeds (ONNX Runtime, fp32-exact, one thread). int4: the INT4 weights to try (default RTN)."""
     ref = _log_softmax(_run(_session(model), feeds, [output])[0])
-    linears = find_linears(model)
+    linears = linears_in(model)
     layers = sorted({i for lin in linears if (i := layer_of(lin.name)) is not None})
     out: dict[int, float] = {}
     for j, layer in enumerate(layers):
         trial = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-        for lin in find_linears(trial):
+        for lin in linears_in(trial):
             if layer_of(lin.name) == layer:
                 w = (int4 or {}).get(lin.name) or quantize_int4(
                     lin.float_weight(), spec.group, symmetric=spec.symmetric
@@ -430,7 +431,7 @@ def plan_quantization(
     over calibration steps 1.. (none given: round-to-nearest with a scale search), each layer's sensitivity at
     INT4 measured on step 0 (held out), the precision plan, INT8 per-channel where planned."""
     say = log or (lambda _m: None)
-    linears = find_linears(model)
+    linears = linears_in(model)
     names = [lin.name for lin in linears]
     report = QuantReport(spec)
     if spec.mode == "keep":
@@ -473,13 +474,9 @@ def plan_quantization(
 # The pass
 
 
-def _lowering_for(target: str) -> str:
-    return "qdq" if target == "coreml" else "nbits"
-
-
 @graph_pass("quantize")
 def quantize(model: ir.Model, ctx: PassContext) -> int:
-    """Every linear (MatMulNBits, DequantizeLinear -> MatMul, float MatMul on a constant weight) -> INT8
+    """Every linear (whatever its form) -> INT8
     per-channel / INT4 per-group weights, by the QuantReport in ctx.options['quant_report'] when it holds
     weights (decided on the whole model), else planned here from ctx.options['quant'] (a QuantSpec) and
     ctx.options['calibration'] (a list of graph feeds); mode 'keep' changes nothing."""
@@ -487,7 +484,7 @@ def quantize(model: ir.Model, ctx: PassContext) -> int:
     spec: QuantSpec = ctx.options.get("quant") or (report.spec if report else QuantSpec())
     if spec.mode == "keep":
         if report is not None:
-            report.precision = {lin.name: "keep" for lin in find_linears(model)}
+            report.precision = {lin.name: "keep" for lin in linears_in(model)}
         return 0
     if report is None or not report.weights:
         planned = plan_quantization(model, spec, ctx.options.get("calibration"))
@@ -495,9 +492,9 @@ def quantize(model: ir.Model, ctx: PassContext) -> int:
             report = planned
         else:
             report.__dict__.update(planned.__dict__)
-    lowering = _lowering_for(ctx.target)
+    lowering = lowering_for(ctx.target)
     n = 0
-    for lin in find_linears(model):
+    for lin in linears_in(model):
         w = report.weights.get(lin.name)
         if w is None:
             continue

@@ -13,7 +13,6 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from edge.graph_opt._rules import apply_rules, const_array, ensure_opset, scalar
-from edge.graph_opt.linear import find_linears
 from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["rmsnorm", "skip_rmsnorm"]
@@ -47,9 +46,8 @@ class _RmsNorm(pattern.RewriteRuleClassBase):
 
 
 class _SkipRmsNorm(pattern.RewriteRuleClassBase):
-    def __init__(self, linear_nodes: frozenset[int] = frozenset()) -> None:
+    def __init__(self) -> None:
         super().__init__("SkipRmsNorm")
-        self.linear_nodes = linear_nodes  # ids of nodes that belong to a linear layer
 
     def pattern(self, op, a, b, w):  # type: ignore[no-untyped-def]
         total = op.Add(a, b, _outputs=["total"])
@@ -61,12 +59,9 @@ class _SkipRmsNorm(pattern.RewriteRuleClassBase):
         # NOTE: the kernel needs input and skip of one shape [B, S, D]: a broadcast bias add is not a residual.
         if const_array(a) is not None or const_array(b) is not None:
             return result.fail("a constant operand: a bias add, not a residual add")
-        # NOTE: a min-offset linear (Q4_1 / Q4_K, asymmetric INT4) ends in the Add of its block-bias term; where
-        # a norm follows the linear directly (gemma3's post-attention norm), taking that Add for a residual add
-        # hides the bias from the linear's recognition, and re-quantizing then adds the bias twice.
+        # NOTE: a min-offset linear (Q4_1 / Q4_K, asymmetric INT4) ends in the Add of its block-bias term, e.g.
+        # right before gemma3's post-attention norm: apply_rules refuses matches that take a linear's node.
         node = normed.producer()
-        if id(node.inputs[0].producer()) in self.linear_nodes:
-            return result.fail("the Add is a linear's block-bias term, not a residual add")
         axis = node.attributes.get("axis")
         if axis is not None and axis.as_int() != -1:
             return result.fail("normalization not over the last axis")
@@ -93,5 +88,4 @@ def rmsnorm(model: ir.Model, ctx: PassContext) -> int:
 def skip_rmsnorm(model: ir.Model, ctx: PassContext) -> int:
     """Add(residual, branch) feeding an RMSNorm -> SkipSimplifiedLayerNormalization returning the norm and the
     sum (ORT contrib op): one kernel instead of two per norm."""
-    linear_nodes = frozenset(id(n) for lin in find_linears(model) for n in lin.nodes)
-    return apply_rules(model, [_SkipRmsNorm.rule(linear_nodes)], commute=True)
+    return apply_rules(model, [_SkipRmsNorm.rule()], commute=True)

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from edge.errors import ModelFormatError
+from edge.graph_opt.linear import linear_protos, resolve_lowering
+from edge.graph_opt.weight import BlockWeight, stack_rows, take_rows
 from edge.models.arch import ArchConfig
 from edge.models.gguf_file import GGUFFile
-from edge.models.weights import FloatWeight, NBitsWeight, dequantize_rows, import_linear
+from edge.models.weights import dequantize_rows, import_linear
 
 OPSET = 21
 
@@ -38,7 +40,9 @@ class BuildOptions:
     first_layer: int = 0
     last_layer: int | None = None  # exclusive; None = all layers
     head: bool = True  # final norm + lm_head (the last partition)
-    lowering: str = "nbits_split"  # how quantized linears become ONNX (see models.weights)
+    lowering: str = (
+        "nbits_split"  # how quantized linears become ONNX: a graph_opt.FORMS name (or nbits_split)
+    )
     accuracy_level: int = 0  # MatMulNBits accuracy level; 0 = fp32-exact
     head_accuracy_level: int | None = None  # for the lm_head alone (None: accuracy_level)
 
@@ -93,56 +97,8 @@ def _neox_perm(n_heads: int, head_dim: int) -> np.ndarray:
     return (np.arange(n_heads)[:, None] * head_dim + within[None, :]).reshape(-1)
 
 
-def _permute_rows(w: NBitsWeight | FloatWeight, perm: np.ndarray) -> NBitsWeight | FloatWeight:
-    if isinstance(w, FloatWeight):
-        return replace(w, array=np.ascontiguousarray(w.array[perm]))
-    return replace(
-        w,
-        packed=np.ascontiguousarray(w.packed[perm]),
-        scales=np.ascontiguousarray(w.scales[perm]),
-        zero_points=None if w.zero_points is None else np.ascontiguousarray(w.zero_points[perm]),
-        bias=None if w.bias is None else np.ascontiguousarray(w.bias[perm]),
-    )
-
-
-def w_n(w: NBitsWeight | FloatWeight) -> int:
-    return w.n if isinstance(w, NBitsWeight) else int(w.array.shape[0])
-
-
-def _concat_rows(ws: Sequence[NBitsWeight | FloatWeight]) -> NBitsWeight | FloatWeight | None:
-    """The weights stacked along the output dim, when they share one storage form; else None."""
-    first = ws[0]
-    if isinstance(first, FloatWeight):
-        if all(isinstance(w, FloatWeight) and w.array.dtype == first.array.dtype for w in ws):
-            return replace(first, array=np.concatenate([w.array for w in ws]))  # type: ignore[union-attr]
-        return None
-    same = all(
-        isinstance(w, NBitsWeight) and (w.bits, w.block_size, w.k) == (first.bits, first.block_size, first.k)
-        for w in ws
-    )
-    if not same:
-        return None
-    nb = [w for w in ws if isinstance(w, NBitsWeight)]
-    zps = (
-        None
-        if all(w.zero_points is None for w in nb)
-        else np.concatenate([w.integer_zero_points() for w in nb])
-    )
-    has_bias = any(w.bias is not None for w in nb)
-    bias = (
-        np.concatenate([w.bias if w.bias is not None else np.zeros_like(w.scales) for w in nb])
-        if has_bias
-        else None
-    )
-    return replace(
-        first,
-        ggml_type="+".join(sorted({w.ggml_type for w in nb})),
-        n=sum(w.n for w in nb),
-        packed=np.concatenate([w.packed for w in nb]),
-        scales=np.concatenate([w.scales for w in nb]),
-        zero_points=zps,
-        bias=bias,
-    )
+def w_n(w: BlockWeight | np.ndarray) -> int:
+    return w.n if isinstance(w, BlockWeight) else int(w.shape[0])
 
 
 class _Builder:
@@ -158,13 +114,13 @@ class _Builder:
             )
         return np.asarray(self.gguf.tensor_array(name), dtype=np.float32)
 
-    def _weight(self, name: str, perm: np.ndarray | None) -> NBitsWeight | FloatWeight:
+    def _weight(self, name: str, perm: np.ndarray | None) -> BlockWeight | np.ndarray:
         if name not in self.gguf.tensors:
             raise ModelFormatError(
                 f"{self.gguf.path.name}: tensor {name!r} is missing", hint="the file is incomplete"
             )
         w = import_linear(self.gguf, name)
-        return w if perm is None else _permute_rows(w, perm)
+        return w if perm is None else take_rows(w, perm)
 
     def _bias(self, name: str, perm: np.ndarray | None) -> np.ndarray | None:
         bias_name = name.replace(".weight", ".bias")
@@ -173,15 +129,13 @@ class _Builder:
         b = self.tensor(bias_name)
         return b if perm is None else b[perm]
 
-    def _emit(self, x: str, w: NBitsWeight | FloatWeight, prefix: str, accuracy: int | None) -> str:
+    def _emit(self, x: str, w: BlockWeight | np.ndarray, prefix: str, accuracy: int | None) -> str:
+        """One linear through graph_opt's emitter: its nodes carry the linear's name for the passes."""
         y = self.g.name(prefix.replace(".weight", ""))
-        if isinstance(w, NBitsWeight):
-            level = self.opts.accuracy_level if accuracy is None else accuracy
-            lin = w.to_onnx(x, y, prefix, lowering=self.opts.lowering, accuracy_level=level, rank=3)  # type: ignore[arg-type]
-        else:
-            lin = w.to_onnx(x, y, prefix)
-        self.g.nodes += lin.nodes
-        self.g.inits += lin.initializers
+        level = self.opts.accuracy_level if accuracy is None else accuracy
+        nodes, inits = linear_protos(w, x, y, prefix, lowering=self.opts.lowering, accuracy_level=level)
+        self.g.nodes += nodes
+        self.g.inits += inits
         return y
 
     def linear(
@@ -195,7 +149,7 @@ class _Builder:
         """Linears sharing one input, fused into one matmul when their weights have the same form (QKV,
         gate+up): per token one kernel and one block-sum instead of several."""
         ws = [self._weight(n, p) for n, p in zip(names, perms, strict=True)]
-        fused = _concat_rows(ws)
+        fused = stack_rows(ws)
         if fused is None:
             return [self.linear(x, n, p) for n, p in zip(names, perms, strict=True)]
         g = self.g
@@ -348,6 +302,7 @@ class _Builder:
         from onnx import TensorProto, helper
 
         cfg, g, opts = self.cfg, self.g, self.opts
+        resolve_lowering(opts.lowering)  # an unknown one stops here, not at the first quantized linear
         if cfg.rope_dim != cfg.head_dim:
             raise ModelFormatError(
                 f"partial rotary embeddings ({cfg.rope_dim} of {cfg.head_dim}) are not supported"

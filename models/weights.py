@@ -1,15 +1,15 @@
-"""Lossless import of GGUF weights into ONNX weight representations.
+"""Lossless import of GGUF weights into graph_opt's one weight representation.
 
 A GGUF linear weight of GGUF shape (K, N) holds N rows of K inputs, quantized in blocks along K. Every
-supported block format decodes, per block of `block_size` elements, to
+supported block format decodes, per block of `block_size` elements, to a `graph_opt.BlockWeight`:
 
     w = (code - zero_point) * scale [+ bias]
 
 with `code` an unsigned `bits`-bit integer, `zero_point` an integer, `scale` and `bias` float32. The codes
 are the file's own quantized values (shifted by a constant where that makes the zero point the
-MatMulNBits default), so no value is re-quantized: `dequantize()` here reproduces `gguf.quants.dequantize`
-bit for bit, because `(code - zero_point)` is the exact integer the format stores and scale / bias are
-the same float32 products gguf-py forms (d * sc, dmin * m).
+MatMulNBits default), so no value is re-quantized: `BlockWeight.dequantize()` reproduces
+`gguf.quants.dequantize` bit for bit, because `(code - zero_point)` is the exact integer the format stores
+and scale / bias are the same float32 products gguf-py forms (d * sc, dmin * m).
 
 | GGUF type | bits | block | zero point       | bias            |
 |-----------|------|-------|------------------|-----------------|
@@ -23,56 +23,29 @@ the same float32 products gguf-py forms (d * sc, dmin * m).
 | Q5_K      | 8    | 32    | 128 (default)    | -dmin * m_j     |
 | Q6_K      | 8    | 16    | 128 (default)    | -               |
 | Q8_0      | 8    | 32    | 128 (default)    | -               |
-| F32/F16/BF16 | float initializer (F16 kept as float16, BF16 widened to float32 exactly)   |
+| F32/F16/BF16 | a float array W [n, k] (F16 kept as float16, BF16 widened to float32 exactly)      |
 
-Lowerings to ONNX (`NBitsWeight.to_onnx`), measured in tests/models/test_weights.py:
-- "nbits": one `com.microsoft.MatMulNBits`; a bias becomes a float zero point `zp - bias / scale`.
-  ORT CPU runs 4-bit float zero points only on its slow path (B dequantized on every call) and refuses
-  8-bit float zero points; OpenVINO accepts every variant.
-- "nbits_split" (default): MatMulNBits with integer zero points plus the bias term as
-  `sum over each block of X` @ bias^T, a matmul 1/block_size the size of the main one. Runs everywhere.
-- "qdq": standard ONNX (opset 21): block-wise `DequantizeLinear` of int4/uint4/int8/uint8 codes -> MatMul,
-  with the same bias term; for targets without the com.microsoft domain.
-
-Runtime facts that decide speed and exactness (ORT 1.32, OpenVINO 2026.4, CPU):
-- ORT's fast (prepacked) MatMulNBits path needs integer zero points; with accuracy_level 0 only the 4-bit
-  kernels are fast, 8-bit ones dequantize B on every call (~10 ms for 896 x 4864) unless accuracy_level=4
-  (x quantized to int8, like llama.cpp, not fp32-exact).
-- ORT fuses DequantizeLinear -> MatMul into MatMulNBits with accuracy level 4 by default; session config
-  "session.qdq_matmulnbits_accuracy_level" = "0" keeps it exact.
-- OpenVINO keeps all three forms compressed (FullyConnected on u4/i4/u8/i8 weights), but by default
-  quantizes x to int8 for integer-zero-point weights with blocks >= 32 (~5e-3 relative error); the
-  compile property "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0" makes it fp32-exact.
+How a BlockWeight becomes ONNX (MatMulNBits, its block-bias term, DequantizeLinear) is graph_opt.forms'.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edge.errors import ModelFormatError
-from edge.graph_opt.linear import (  # MatMulNBits' packing and float zero points, one implementation
-    float_zero_point_form,
-    pack_codes,
-    unpack_codes,
-)
+from edge.graph_opt.weight import BlockWeight
 
 if TYPE_CHECKING:
-    import onnx
-
     from edge.models.gguf_file import GGUFFile
 
 __all__ = [
     "FLOAT_TYPES",
     "NBITS_TYPES",
-    "FloatWeight",
-    "Lowering",
-    "NBitsWeight",
-    "OnnxLinear",
     "dequantize_raw",
     "dequantize_rows",
     "dequantize_tensor",
@@ -81,219 +54,24 @@ __all__ = [
     "supported_types",
 ]
 
-Lowering = Literal["nbits", "nbits_split", "qdq"]
 _T = GGMLQuantizationType
 _F32 = np.float32
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Result types
-
-
-@dataclass(frozen=True)
-class OnnxLinear:
-    """Nodes and initializers computing `output = input @ W^T` for one linear layer."""
-
-    nodes: list[onnx.NodeProto]
-    initializers: list[onnx.TensorProto]
-
-
-@dataclass(frozen=True, eq=False)
-class NBitsWeight:
-    """A block-quantized weight W [n, k]: W[r, j] = (code - zero_point) * scale + bias, per block along k.
-
-    `packed` is exactly MatMulNBits' B: codes packed low-bits-first along k, [n, k / block_size, blob].
-    `zero_points` None means the MatMulNBits default 2^(bits - 1). In blocks whose scale is 0 the codes
-    are normalized to zero_point + 1 (their value, the bias, does not depend on them), so that the float
-    zero point form can express the block exactly as (code - zp) * bias.
-    """
-
-    ggml_type: str  # source GGUF type, for messages
-    bits: int  # 4 or 8
-    block_size: int  # 16 or 32
-    k: int
-    n: int
-    packed: np.ndarray  # uint8 [n, k / block_size, block_size * bits / 8]
-    scales: np.ndarray  # float32 [n, k / block_size]
-    zero_points: np.ndarray | None  # uint8 [n, k / block_size]; None = 2^(bits - 1)
-    bias: np.ndarray | None  # float32 [n, k / block_size]; None = 0
-
-    @property
-    def k_blocks(self) -> int:
-        return self.k // self.block_size
-
-    def codes(self) -> np.ndarray:
-        """The unpacked codes, uint8 [n, k]."""
-        return unpack_codes(self.packed.reshape(self.n, -1), self.bits, self.k)
-
-    def integer_zero_points(self) -> np.ndarray:
-        """The zero points as uint8 [n, k_blocks], the default filled in."""
-        if self.zero_points is not None:
-            return self.zero_points
-        return np.full((self.n, self.k_blocks), 1 << (self.bits - 1), np.uint8)
-
-    def dequantize(self) -> np.ndarray:
-        """W as float32 [n, k], bit-identical to gguf-py's dequantization of the source blocks."""
-        q = self.codes().reshape(self.n, self.k_blocks, self.block_size).astype(np.int16)
-        q -= self.integer_zero_points()[..., None]
-        w = q.astype(_F32) * self.scales[..., None]
-        if self.bias is not None:
-            w += self.bias[..., None]
-        return w.reshape(self.n, self.k)
-
-    def float_zero_point_form(self) -> tuple[np.ndarray, np.ndarray]:
-        """(scales, float zero points) [n, k_blocks] with (code - zp) * scale == W up to float rounding.
-
-        zp = zero_point - bias / scale; a block with scale 0 has codes zero_point + 1 (see the class
-        docstring), so scale := bias, zp := zero_point gives it exactly.
-        """
-        if self.bias is None:
-            return self.scales, self.integer_zero_points().astype(_F32)
-        return float_zero_point_form(self.scales, self.integer_zero_points(), self.bias)
-
-    def matmul_nbits_attributes(self, accuracy_level: int = 0) -> dict[str, int]:
-        attrs = {"K": self.k, "N": self.n, "bits": self.bits, "block_size": self.block_size}
-        if accuracy_level:  # omitted when 0, as ORT's own quantizer does: not every consumer knows it
-            attrs["accuracy_level"] = accuracy_level
-        return attrs
-
-    def matmul_nbits_arrays(self, *, float_zero_points: bool) -> dict[str, np.ndarray]:
-        """MatMulNBits inputs 1.. by name: B, scales and, where needed, zero_points.
-
-        float_zero_points=False needs `bias` to be applied separately (the "nbits_split" lowering).
-        """
-        if float_zero_points and self.bias is not None:
-            scales, zp = self.float_zero_point_form()
-            return {"B": self.packed, "scales": scales, "zero_points": zp}
-        out = {"B": self.packed, "scales": self.scales}
-        if self.zero_points is not None:
-            # uint8 zero points are packed like B, each row padded to whole bytes.
-            out["zero_points"] = pack_codes(self.zero_points, self.bits)
-        return out
-
-    def to_onnx(
-        self,
-        x: str,
-        y: str,
-        prefix: str,
-        *,
-        lowering: Lowering = "nbits_split",
-        accuracy_level: int = 0,
-        rank: int | None = None,
-    ) -> OnnxLinear:
-        """Nodes computing y = x @ W^T for x float32 [..., k] (rank 2 or 3; pass `rank` when known: the
-        bias term then needs fewer nodes); initializer names start with `prefix`. accuracy_level 4 lets ORT quantize x to int8 (fast, not exact; ORT's 8-bit
-        MatMulNBits is only fast with it)."""
-        from onnx import TensorProto, helper, numpy_helper
-
-        nodes: list[onnx.NodeProto] = []
-        inits: list[onnx.TensorProto] = []
-        split = lowering != "nbits" and self.bias is not None
-        main = f"{prefix}.main" if split else y
-        if lowering in ("nbits", "nbits_split"):
-            arrays = self.matmul_nbits_arrays(float_zero_points=lowering == "nbits")
-            names = [x]
-            for key, arr in arrays.items():
-                names.append(f"{prefix}.{key}")
-                inits.append(numpy_helper.from_array(arr, names[-1]))
-            nodes.append(
-                helper.make_node(
-                    "MatMulNBits",
-                    names,
-                    [main],
-                    name=f"{prefix}.MatMulNBits",
-                    domain="com.microsoft",
-                    **self.matmul_nbits_attributes(accuracy_level),
-                )
-            )
-        elif lowering == "qdq":
-            # [k, n] layout with blocks along axis 0: the orientation MatMul wants and the one ORT's
-            # DQ -> MatMul fusion into MatMulNBits recognizes.
-            q = self.codes().T.astype(np.int16)  # [k, n]
-            zp = self.integer_zero_points().T  # [k_blocks, n]
-            dq_inputs = [f"{prefix}.q", f"{prefix}.scales"]
-            if self.zero_points is None:  # default zero point: store signed codes, DQ's zero point is 0
-                q -= 1 << (self.bits - 1)
-                qtype = TensorProto.INT4 if self.bits == 4 else TensorProto.INT8
-                zp_init = None
-            else:
-                qtype = TensorProto.UINT4 if self.bits == 4 else TensorProto.UINT8
-                zp_init = None if not zp.any() else _onnx_int_tensor(f"{prefix}.zero_points", zp, qtype)
-            inits.append(_onnx_int_tensor(dq_inputs[0], q, qtype))
-            inits.append(numpy_helper.from_array(np.ascontiguousarray(self.scales.T), dq_inputs[1]))
-            if zp_init is not None:
-                dq_inputs.append(zp_init.name)
-                inits.append(zp_init)
-            nodes.append(
-                helper.make_node(
-                    "DequantizeLinear",
-                    dq_inputs,
-                    [f"{prefix}.w"],
-                    name=f"{prefix}.DequantizeLinear",
-                    axis=0,
-                    block_size=self.block_size,
-                )
-            )
-            nodes.append(helper.make_node("MatMul", [x, f"{prefix}.w"], [main], name=f"{prefix}.MatMul"))
-        else:
-            raise ValueError(f"unknown lowering {lowering!r}; expected nbits, nbits_split or qdq")
-        if split:
-            assert self.bias is not None
-            bias_term = _bias_term(x, main, y, prefix, self.bias, self.block_size, rank)
-            nodes += bias_term.nodes
-            inits += bias_term.initializers
-        return OnnxLinear(nodes, inits)
-
-
-@dataclass(frozen=True, eq=False)
-class FloatWeight:
-    """A float weight in its storage precision: float32 (F32, BF16 widened exactly) or float16 (F16).
-
-    `array` has the numpy shape of the tensor (reversed GGUF shape): [n, k] for a linear weight. For F32
-    and F16 it is a read-only view of the file's memory map (no copy).
-    """
-
-    ggml_type: str
-    array: np.ndarray
-
-    def dequantize(self) -> np.ndarray:
-        return self.array.astype(_F32)
-
-    def to_onnx(self, x: str, y: str, prefix: str, *, keep_f16: bool = True) -> OnnxLinear:
-        """y = x @ W^T for float32 x, W stored transposed ([k, n]) so a plain MatMul applies; a float16
-        weight stays float16 behind a Cast (OpenVINO keeps it compressed) unless keep_f16=False."""
-        from onnx import TensorProto, helper, numpy_helper
-
-        if self.array.ndim != 2:
-            raise ValueError(f"{prefix}: a linear weight must be 2-D, got shape {self.array.shape}")
-        w = self.array if keep_f16 else self.array.astype(_F32)
-        inits = [numpy_helper.from_array(np.ascontiguousarray(w.T), f"{prefix}.w_t")]
-        nodes = []
-        w_name = inits[0].name
-        if w.dtype == np.float16:
-            nodes.append(
-                helper.make_node(
-                    "Cast", [w_name], [f"{prefix}.w_f32"], name=f"{prefix}.Cast", to=TensorProto.FLOAT
-                )
-            )
-            w_name = f"{prefix}.w_f32"
-        nodes.append(helper.make_node("MatMul", [x, w_name], [y], name=f"{prefix}.MatMul"))
-        return OnnxLinear(nodes, inits)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Public functions
 
 
-def import_linear(gguf: GGUFFile, name: str) -> NBitsWeight | FloatWeight:
-    """The linear weight `name` (GGUF shape (K, N)) from its raw blocks, without re-quantizing."""
+def import_linear(gguf: GGUFFile, name: str) -> BlockWeight | np.ndarray:
+    """The linear weight `name` (GGUF shape (K, N)) from its raw blocks, without re-quantizing: a BlockWeight
+    [n = N, k = K], or a float array [N, K] (F32 and F16: a read-only view of the file's memory map)."""
     info = gguf.tensors[name]
     return linear_from_raw(gguf.tensor_bytes(name), info.shape, info.ggml_type, name=name)
 
 
 def linear_from_raw(
     raw: np.ndarray, shape: Sequence[int], ggml_type: int, *, name: str = "<tensor>"
-) -> NBitsWeight | FloatWeight:
+) -> BlockWeight | np.ndarray:
     """Like `import_linear`, from raw bytes (uint8) and the GGUF shape (ne0 = K first)."""
     qtype = _qtype(ggml_type, name)
     if len(shape) != 2:
@@ -301,26 +79,11 @@ def linear_from_raw(
     k, n = int(shape[0]), int(shape[1])
     rows = _as_rows(raw, n, k, qtype, name)
     if qtype in _FLOAT_DECODERS:
-        return FloatWeight(qtype.name, _FLOAT_DECODERS[qtype](rows).reshape(n, k))
+        return _FLOAT_DECODERS[qtype](rows).reshape(n, k)
     fmt = _FORMATS[qtype]
     codes, scales, bias = _decode_rows(fmt, rows, qtype, k)
     zp = None if fmt.zero_point == 1 << (fmt.bits - 1) else np.full(scales.shape, fmt.zero_point, np.uint8)
-    if bias is not None:
-        zero = scales == 0
-        if zero.any():  # see NBitsWeight: codes of a scale-0 block are free; make the float zp form exact
-            blocks = codes.reshape(n, k // fmt.block_size, fmt.block_size)
-            blocks[zero] = fmt.zero_point + 1
-    return NBitsWeight(
-        ggml_type=qtype.name,
-        bits=fmt.bits,
-        block_size=fmt.block_size,
-        k=k,
-        n=n,
-        packed=pack_codes(codes, fmt.bits).reshape(n, k // fmt.block_size, fmt.block_size * fmt.bits // 8),
-        scales=scales,
-        zero_points=zp,
-        bias=bias,
-    )
+    return BlockWeight(fmt.bits, fmt.block_size, k, n, codes, scales, zp, bias)
 
 
 def dequantize_rows(gguf: GGUFFile, name: str, ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -567,73 +330,3 @@ def _decode_rows(
     type_size = GGML_QUANT_SIZES[qtype][1]
     codes, scales, bias = fmt.decode_blocks(np.ascontiguousarray(rows).reshape(-1, type_size))
     return codes.reshape(r, k), scales.reshape(r, nb), None if bias is None else bias.reshape(r, nb)
-
-
-def _onnx_int_tensor(name: str, values: np.ndarray, qtype: int) -> onnx.TensorProto:
-    """An integer initializer; 4-bit types are packed two per byte over the flattened tensor, low first."""
-    from onnx import TensorProto, helper
-
-    flat = values.reshape(-1)
-    if qtype in (TensorProto.INT4, TensorProto.UINT4):
-        raw = pack_codes((flat.astype(np.int16) & 0x0F).astype(np.uint8).reshape(1, -1), 4).tobytes()
-    else:
-        raw = flat.astype(np.int8 if qtype == TensorProto.INT8 else np.uint8).tobytes()
-    return helper.make_tensor(name, qtype, list(values.shape), raw, raw=True)
-
-
-def _bias_term(
-    x: str, main: str, y: str, prefix: str, bias: np.ndarray, block_size: int, rank: int | None = None
-) -> OnnxLinear:
-    """y = main + blocksum(x) @ bias^T: each block's bias times the sum of x over that block's inputs.
-    Rank-agnostic: x is viewed as [-1, k_blocks, block_size] and the result reshaped to main's shape; with a
-    known rank the leading dims are kept as they are (4 nodes instead of 6: this runs per token)."""
-    from onnx import helper, numpy_helper
-
-    p = prefix
-    k_blocks = bias.shape[1]
-    if rank is not None and rank >= 2:
-        keep = [0] * (rank - 1)  # Reshape's 0 copies the input's dim
-        inits = [
-            numpy_helper.from_array(np.ascontiguousarray(bias.T), f"{p}.bias_t"),
-            numpy_helper.from_array(np.array([*keep, k_blocks, block_size], np.int64), f"{p}.block_shape"),
-            numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last_axis"),
-        ]
-        nodes = [
-            helper.make_node("Reshape", [x, f"{p}.block_shape"], [f"{p}.x_blocks"], name=f"{p}.ReshapeX"),
-            helper.make_node(
-                "ReduceSum",
-                [f"{p}.x_blocks", f"{p}.last_axis"],
-                [f"{p}.x_sums"],
-                keepdims=0,
-                name=f"{p}.BlockSum",
-            ),
-            helper.make_node(
-                "MatMul", [f"{p}.x_sums", f"{p}.bias_t"], [f"{p}.bias_y"], name=f"{p}.BiasMatMul"
-            ),
-            helper.make_node("Add", [main, f"{p}.bias_y"], [y], name=f"{p}.AddBias"),
-        ]
-        return OnnxLinear(nodes, inits)
-    inits = [
-        numpy_helper.from_array(np.ascontiguousarray(bias.T), f"{p}.bias_t"),
-        numpy_helper.from_array(np.array([-1, k_blocks, block_size], np.int64), f"{p}.block_shape"),
-        numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last_axis"),
-    ]
-    nodes = [
-        helper.make_node("Reshape", [x, f"{p}.block_shape"], [f"{p}.x_blocks"], name=f"{p}.ReshapeX"),
-        helper.make_node(
-            "ReduceSum",
-            [f"{p}.x_blocks", f"{p}.last_axis"],
-            [f"{p}.x_sums"],
-            keepdims=0,
-            name=f"{p}.BlockSum",
-        ),
-        helper.make_node(
-            "MatMul", [f"{p}.x_sums", f"{p}.bias_t"], [f"{p}.bias_flat"], name=f"{p}.BiasMatMul"
-        ),
-        helper.make_node("Shape", [main], [f"{p}.y_shape"], name=f"{p}.Shape"),
-        helper.make_node(
-            "Reshape", [f"{p}.bias_flat", f"{p}.y_shape"], [f"{p}.bias_y"], name=f"{p}.ReshapeY"
-        ),
-        helper.make_node("Add", [main, f"{p}.bias_y"], [y], name=f"{p}.AddBias"),
-    ]
-    return OnnxLinear(nodes, inits)

@@ -128,3 +128,28 @@ def token_feeds(model: onnx.ModelProto, path: Path, *, q: int = 16, seed: int = 
     ids = np.random.default_rng(seed).integers(3, cfg.n_vocab, q).tolist()
     feeds["hidden"] = Embedder(g, cfg)(ids)
     return feeds
+
+
+def linear_graph(
+    weights: Mapping[str, np.ndarray | object], *, rows: int = 3, lowering: str = "nbits"
+) -> onnx.ModelProto:
+    """A graph of linears (graph_opt's emitter, tagged) all reading x [rows, k]: output y_<name> per weight."""
+    from onnx import TensorProto, helper
+
+    from edge.graph_opt import BlockWeight, linear_protos
+
+    nodes, inits, outputs = [], [], []
+    k = None
+    for name, w in weights.items():
+        n, k = (w.n, w.k) if isinstance(w, BlockWeight) else w.shape  # type: ignore[union-attr]
+        lin_nodes, lin_inits = linear_protos(w, "x", f"y_{name}", name, lowering=lowering, rank=2)  # type: ignore[arg-type]
+        nodes += lin_nodes
+        inits += lin_inits
+        outputs.append(helper.make_tensor_value_info(f"y_{name}", TensorProto.FLOAT, [rows, n]))
+    graph = helper.make_graph(
+        nodes, "linears", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, k])], outputs, inits
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 10
+    return model

@@ -18,6 +18,7 @@ from tests.graph_opt.graphs import (
     ARCHS,
     SPECS,
     feeds_for,
+    linear_graph,
     max_abs_diff,
     ops,
     run_openvino,
@@ -55,14 +56,14 @@ def test_linears_round_trip(tmp_path: Path, qtype: T, lowering: str) -> None:
     proto = tiny_graph(path, BuildOptions(lowering=lowering))
     feeds = feeds_for(proto, cfg)
     want = run_ort(proto, feeds)
-    found = graph_opt.find_linears(to_ir(proto))
+    found = graph_opt.linears_in(to_ir(proto))
     assert len(found) == 4 * cfg.n_layer + 1
     for form in ("nbits", "qdq"):
         model = to_ir(proto)
-        for lin in graph_opt.find_linears(model):
+        for lin in graph_opt.linears_in(model):
             graph_opt.emit_linear(model, lin, lowering=form)
         assert max_abs_diff(want, run_ort(model, feeds)) < 1e-6, form
-        assert {lin.form for lin in graph_opt.find_linears(model)} <= {form, "float"}
+        assert {lin.form for lin in graph_opt.linears_in(model)} <= {form, "float"}
 
 
 # --- quantizers ------------------------------------------------------------------------------------------
@@ -224,9 +225,9 @@ def test_lower_sets_accuracy_levels(tmp_path: Path) -> None:
     path = write_tiny_model(tmp_path / "m.gguf", replace(SPECS["llama"], weight_type=T.Q4_0))
     model = to_ir(tiny_graph(path))
     graph_opt.optimize(model, "ort", accuracy_level=0, head_accuracy_level=4)
-    levels = {lin.name: lin.accuracy_level for lin in graph_opt.find_linears(model)}
+    levels = {lin.name: lin.accuracy_level for lin in graph_opt.linears_in(model)}
     assert levels.pop("output.weight") == 4 and set(levels.values()) == {0}
-    assert isinstance(graph_opt.find_linears(model)[0].weight, BlockWeight)
+    assert isinstance(graph_opt.linears_in(model)[0].weight, BlockWeight)
 
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q5_0, T.Q5_1])
@@ -240,12 +241,13 @@ def test_int8_nibbles_keeps_outputs_and_leaves_int8_activations_alone(tmp_path: 
     feeds = feeds_for(proto, cfg)
     want = run_ort(proto, feeds)
     model = to_ir(proto)
-    before = [(lin.weight.bits, lin.accuracy_level) for lin in graph_opt.find_linears(model)]
+    before = [(lin.weight.bits, lin.accuracy_level) for lin in graph_opt.linears_in(model)]
     assert before[-1] == (8, 4) and set(before[:-1]) == {(8, 0)}
     (rec,) = run_passes(model, ["int8_nibbles"], PassContext("ort"))
     assert rec.rewrites == len(before) - 1
-    after = [(lin.weight.bits, lin.accuracy_level) for lin in graph_opt.find_linears(model)]
-    assert after == [(4, 0)] * (2 * (len(before) - 1)) + [(8, 4)]
+    after = [(lin.form, lin.weight.bits, lin.accuracy_level) for lin in graph_opt.linears_in(model)]
+    assert after == [("nibbles", 8, 0)] * (len(before) - 1) + [("nbits", 8, 4)]  # read back as one linear
+    assert ops(model)["MatMulNBits"] == 2 * (len(before) - 1) + 1
     got = run_ort(model, feeds)
     scale = max(float(np.abs(v).max()) for v in want.values())
     assert max_abs_diff(want, got) < 1e-5 * scale
@@ -267,14 +269,14 @@ def test_float_zero_points_fold_the_block_bias_for_openvino(tmp_path: Path, qtyp
     model = to_ir(proto)
     with_bias = [
         lin
-        for lin in graph_opt.find_linears(model)
+        for lin in graph_opt.linears_in(model)
         if isinstance(lin.weight, BlockWeight) and lin.weight.bias is not None
     ]
     assert with_bias and ops(model)["ReduceSum"] >= len(with_bias)
     (rec,) = run_passes(model, ["float_zero_points"], PassContext("openvino"))
     assert rec.rewrites == len(with_bias)
     assert ops(model).get("ReduceSum", 0) == 0 and ops(model)["MatMulNBits"] == len(
-        graph_opt.find_linears(model)
+        graph_opt.linears_in(model)
     )
     got = run_openvino(model, feeds, tmp_path)
     scale = max(float(np.abs(v).max()) for v in want.values())
@@ -289,28 +291,19 @@ def test_float_zero_points_fold_the_block_bias_for_openvino(tmp_path: Path, qtyp
 def test_nibbles_lowering_of_a_per_channel_int8_weight() -> None:
     """A per-channel INT8 weight (one block spanning a row of 96 inputs, not a power of two) lowers to
     nibbles through the same power-of-two blocks the 8-bit form uses, with the 8-bit form's outputs."""
-    from onnx import TensorProto, helper, numpy_helper
-
     rng = np.random.default_rng(3)
     w = rng.standard_normal((40, 96)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w_t"], ["y"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 96])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 40])],
-        [numpy_helper.from_array(np.ascontiguousarray(w.T), "w_t")],
-    )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    proto = linear_graph({"w": w}, rows=3)
     feeds = {"x": rng.standard_normal((3, 96)).astype(np.float32)}
     q = graph_opt.quantize_int8(w)
     assert q.block_size == 96 and q.k_blocks == 1
     outs = {}
     for form in ("nbits", "nibbles"):
         model = to_ir(proto)
-        (lin,) = graph_opt.find_linears(model)
+        (lin,) = graph_opt.linears_in(model)
         graph_opt.emit_linear(model, lin, q, lowering=form, accuracy_level=0)
         bits = {n.attributes["bits"].value for n in model.graph if n.op_type == "MatMulNBits"}
         assert bits == ({8} if form == "nbits" else {4})
-        outs[form] = run_ort(model, feeds)["y"]
+        outs[form] = run_ort(model, feeds)["y_w"]
     assert np.abs(outs["nibbles"] - outs["nbits"]).max() < 1e-5 * np.abs(outs["nbits"]).max()
     assert np.abs(outs["nbits"] - feeds["x"] @ q.dequantize().T).max() < 1e-4

@@ -1,13 +1,14 @@
-"""GGUF -> ONNX weight import (models/weights.py): exact against gguf-py, run in ONNX Runtime and OpenVINO.
+"""GGUF -> ONNX weight import (models/weights.py into graph_opt's BlockWeight, emitted by graph_opt's one
+emitter in every form of graph_opt.FORMS): exact against gguf-py, run in ONNX Runtime and OpenVINO.
 
 Tolerance of the runtime checks. y = x @ W^T in float32: every product and each of the k - 1 additions
 rounds with relative error <= eps = 2^-24, in whatever order the kernel sums, so
 |y - y_exact| <= k * eps * sum_j |x_j| |w_j| (first order). Integer zero points are exact ((code - zp) is
 an exact small integer), so |w| = |W_q| + |bias| with W_q = (code - zp) * scale; the split form's bias
-term (block sums of x times bias) is bounded by the same |bias| terms. A float zero point
+term (block sums of x times bias) is bounded by the same |bias| terms (the "nbits" and "qdq" forms). A float zero point
 zp_f = zp - bias / scale rounds to eps * |zp_f|, so (code - zp_f) * scale carries a few
 eps * ((|code| + |zp|) * |scale| + |bias|): that is the magnitude used for the "nbits" form of formats
-with a min. Each output element is checked against (k + 8) * eps * (|x| @ magnitude^T), against the
+with a min ("nbits_fzp"). Each output element is checked against (k + 8) * eps * (|x| @ magnitude^T), against the
 float64 product of x and gguf-py's dequantized W. That is far inside the issue's 1e-3 (relative to the
 output scale); the measured maximum is printed.
 """
@@ -23,12 +24,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from edge.errors import ModelFormatError
+from edge.graph_opt import BlockWeight, linear_protos
 from edge.models.gguf_file import GGUFFile, open_gguf
 from edge.models.weights import (
     FLOAT_TYPES,
     NBITS_TYPES,
-    FloatWeight,
-    NBitsWeight,
     dequantize_raw,
     dequantize_rows,
     dequantize_tensor,
@@ -54,7 +54,7 @@ F16_FIELDS = {
     T.Q5_K: (0, 2),
     T.Q6_K: (208,),
 }
-LOWERINGS = ("nbits", "nbits_split", "qdq")
+LOWERINGS = ("nbits", "nbits_fzp", "qdq")
 # Exact fp32 in OpenVINO's CPU plugin needs its dynamic int8 quantization of activations off: by default
 # (group size 32) it quantizes x for u4/u8 weights with integer zero points and blocks >= 32, ~5e-3 error.
 OV_EXACT = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
@@ -148,7 +148,7 @@ def _tensor_names() -> list[str]:
 def test_dequantize_equals_gguf_bit_for_bit(gguf_file: GGUFFile, name: str) -> None:
     weight = import_linear(gguf_file, name)
     ref = _reference(gguf_file, name)
-    got = weight.dequantize()
+    got = _dequantize(weight)
     assert got.dtype == np.float32 and got.shape == ref.shape
     np.testing.assert_array_equal(got, ref)
     np.testing.assert_array_equal(dequantize_tensor(gguf_file, name, chunk_rows=5), ref)
@@ -156,47 +156,51 @@ def test_dequantize_equals_gguf_bit_for_bit(gguf_file: GGUFFile, name: str) -> N
 
 @pytest.mark.parametrize("qtype", NBITS_TYPES, ids=lambda t: t.name)
 def test_nbits_layout(gguf_file: GGUFFile, qtype: GGMLQuantizationType) -> None:
+    from onnx import numpy_helper
+
     w = import_linear(gguf_file, f"r.{qtype.name}")
-    assert isinstance(w, NBitsWeight)
+    assert isinstance(w, BlockWeight)
     assert (w.k, w.n) == (512, N_OUT)
     assert w.bits in (4, 8) and w.block_size in (16, 32)
-    assert w.packed.dtype == np.uint8
-    assert w.packed.shape == (w.n, w.k // w.block_size, w.block_size * w.bits // 8)
+    assert w.codes.dtype == np.uint8 and w.codes.shape == (w.n, w.k)
+    assert int(w.codes.max()) < 1 << w.bits
     assert w.scales.dtype == np.float32 and w.scales.shape == (w.n, w.k_blocks)
+    _, inits = linear_protos(w, "X", "Y", "l", lowering="nbits")
+    packed = next(numpy_helper.to_array(t) for t in inits if t.name == "l.B")
+    assert packed.dtype == np.uint8
+    assert packed.shape == (w.n, w.k // w.block_size, w.block_size * w.bits // 8)
     # MatMulNBits packs element 2i in the low nibble and 2i + 1 in the high nibble of byte i.
-    codes = w.codes()
     if w.bits == 4:
-        flat = w.packed.reshape(w.n, -1)
-        np.testing.assert_array_equal(flat & 0x0F, codes[:, 0::2])
-        np.testing.assert_array_equal(flat >> 4, codes[:, 1::2])
-        assert codes.max() <= 15
+        flat = packed.reshape(w.n, -1)
+        np.testing.assert_array_equal(flat & 0x0F, w.codes[:, 0::2])
+        np.testing.assert_array_equal(flat >> 4, w.codes[:, 1::2])
     else:
-        np.testing.assert_array_equal(w.packed.reshape(w.n, -1), codes)
+        np.testing.assert_array_equal(packed.reshape(w.n, -1), w.codes)
 
 
 @pytest.mark.parametrize("qtype", [t for t in NBITS_TYPES if t in (T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q2_K)])
 def test_float_zero_point_form(gguf_file: GGUFFile, qtype: GGMLQuantizationType) -> None:
     """(code - zp) * scale with float zero points reproduces W; scale-0 blocks (min only) exactly."""
     w = import_linear(gguf_file, f"r.{qtype.name}")
-    assert isinstance(w, NBitsWeight) and w.bias is not None
+    assert isinstance(w, BlockWeight) and w.bias is not None
     zero = w.scales == 0
     assert zero.any(), "the crafted blocks include a scale-0 sub-block"
-    scales, zp = w.float_zero_point_form()
-    q = w.codes().reshape(w.n, w.k_blocks, w.block_size).astype(np.float32)
+    codes, scales, zp = w.float_zero_points()
+    q = codes.reshape(w.n, w.k_blocks, w.block_size).astype(np.float32)
     got = (q - zp[..., None]) * scales[..., None]
     ref = _reference(gguf_file, f"r.{qtype.name}").reshape(got.shape)
     np.testing.assert_array_equal(got[zero], ref[zero])
-    assert (np.abs(got - ref) <= 4 * EPS * _magnitude(w, float_zp=True).reshape(got.shape)).all()
+    assert (np.abs(got - ref) <= 4 * EPS * _magnitude(w, "nbits_fzp").reshape(got.shape)).all()
 
 
 def test_float_types(gguf_file: GGUFFile) -> None:
     f16 = import_linear(gguf_file, "q.F16")
-    assert isinstance(f16, FloatWeight) and f16.array.dtype == np.float16  # kept, not widened
+    assert isinstance(f16, np.ndarray) and f16.dtype == np.float16  # kept, not widened
     bf16 = import_linear(gguf_file, "q.BF16")
-    assert isinstance(bf16, FloatWeight) and bf16.array.dtype == np.float32
-    np.testing.assert_array_equal(bf16.array, _reference(gguf_file, "q.BF16"))
+    assert isinstance(bf16, np.ndarray) and bf16.dtype == np.float32
+    np.testing.assert_array_equal(bf16, _reference(gguf_file, "q.BF16"))
     f32 = import_linear(gguf_file, "q.F32")
-    assert isinstance(f32, FloatWeight) and f32.array.shape == (N_OUT, 512)
+    assert isinstance(f32, np.ndarray) and f32.shape == (N_OUT, 512)
 
 
 @pytest.mark.parametrize("name", _tensor_names())
@@ -225,14 +229,17 @@ def test_unsupported_type_is_named(gguf_file: GGUFFile, name: str) -> None:
 
 def test_onnx_options(gguf_file: GGUFFile) -> None:
     weight = import_linear(gguf_file, "q.Q4_0")
-    assert isinstance(weight, NBitsWeight)
-    assert "accuracy_level" not in weight.matmul_nbits_attributes()
-    node = weight.to_onnx("X", "Y", "l", lowering="nbits", accuracy_level=4).nodes[0]
+    assert isinstance(weight, BlockWeight)
+    (node,), inits = linear_protos(weight, "X", "Y", "l", lowering="nbits")
+    assert "accuracy_level" not in {a.name for a in node.attribute}  # 0: omitted
+    assert {t.name for t in inits} == {"l.B", "l.scales"}  # the default zero point 8
+    (node,), _ = linear_protos(weight, "X", "Y", "l", lowering="nbits", accuracy_level=4)
     assert node.op_type == "MatMulNBits" and node.domain == "com.microsoft"
     assert {a.name: a.i for a in node.attribute}["accuracy_level"] == 4
-    assert set(weight.matmul_nbits_arrays(float_zero_points=False)) == {"B", "scales"}  # default zp 8
+    tags = {p.key: p.value for p in node.metadata_props}
+    assert tags == {"edge.linear": "l", "edge.linear.form": "nbits", "edge.linear.role": "weight"}
     with pytest.raises(ValueError, match="lowering"):
-        weight.to_onnx("X", "Y", "l", lowering="fp8")  # type: ignore[arg-type]
+        linear_protos(weight, "X", "Y", "l", lowering="fp8")
 
 
 def test_unknown_type_number() -> None:
@@ -255,19 +262,21 @@ def test_bad_shapes() -> None:
 # ONNX Runtime and OpenVINO run the lowered weights
 
 
-def _model_path(weight: NBitsWeight | FloatWeight, tmp_path: Path, x_rank: int, **kwargs: object) -> Path:
+def _model_path(
+    weight: BlockWeight | np.ndarray, tmp_path: Path, x_rank: int, lowering: str = "nbits"
+) -> Path:
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
 
-    part = weight.to_onnx("X", "Y", "layer0", **kwargs)  # type: ignore[arg-type]
-    k, n = weight.dequantize().shape[1], weight.dequantize().shape[0]
+    nodes, inits = linear_protos(weight, "X", "Y", "layer0", lowering=lowering, rank=x_rank)
+    n, k = _dequantize(weight).shape
     lead: list[int | str | None] = ["batch", "seq"] if x_rank == 3 else ["rows"]
     graph = helper.make_graph(
-        part.nodes,
+        nodes,
         "linear",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*lead, k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*lead, n])],
-        part.initializers,
+        inits,
     )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
@@ -299,25 +308,36 @@ def _run_ov(path: Path, x: np.ndarray) -> np.ndarray:
     return _compile_ov(path)({"X": x})[0]
 
 
-def _magnitude(weight: NBitsWeight | FloatWeight, *, float_zp: bool = False) -> np.ndarray:
-    """The scale of the rounding errors per weight (see the module docstring), float64 [n, k]."""
-    if isinstance(weight, FloatWeight):
-        return np.abs(weight.dequantize()).astype(np.float64)
-    codes = weight.codes().reshape(weight.n, weight.k_blocks, weight.block_size).astype(np.float64)
+def _dequantize(weight: BlockWeight | np.ndarray) -> np.ndarray:
+    return weight.dequantize() if isinstance(weight, BlockWeight) else weight.astype(np.float32)
+
+
+def _magnitude(weight: BlockWeight | np.ndarray, lowering: str = "nbits") -> np.ndarray:
+    """The scale of the rounding errors per weight (see the module docstring), float64 [n, k]; "nibbles" sums
+    two products, (hi - zh) 16 s and (lo - zl) s, each as large as its own magnitude."""
+    if not isinstance(weight, BlockWeight):
+        return np.abs(weight).astype(np.float64)
+    codes = weight.codes.reshape(weight.n, weight.k_blocks, weight.block_size).astype(np.float64)
     zp = weight.integer_zero_points()[..., None].astype(np.float64)
     scale = np.abs(weight.scales[..., None]).astype(np.float64)
-    mag = (codes + zp) * scale if float_zp else np.abs(codes - zp) * scale
+    if lowering == "nbits_fzp":
+        mag = (codes + zp) * scale
+    elif lowering == "nibbles":
+        hi = np.abs(codes // 16 - zp // 16) * 16 + np.abs(codes % 16 - zp % 16)
+        mag = hi * scale
+    else:
+        mag = np.abs(codes - zp) * scale
     if weight.bias is not None:
         mag = mag + np.abs(weight.bias)[..., None]
     return mag.reshape(weight.n, weight.k)
 
 
 def _check(
-    y: np.ndarray, x: np.ndarray, ref_w: np.ndarray, weight: NBitsWeight | FloatWeight, lowering: str
+    y: np.ndarray, x: np.ndarray, ref_w: np.ndarray, weight: BlockWeight | np.ndarray, lowering: str
 ) -> float:
     x64 = x.astype(np.float64).reshape(-1, x.shape[-1])
     ref = x64 @ ref_w.astype(np.float64).T
-    mag = _magnitude(weight, float_zp=lowering == "nbits")
+    mag = _magnitude(weight, lowering)
     bound = (ref_w.shape[1] + 8) * EPS * (np.abs(x64) @ mag.T)
     got = y.reshape(ref.shape).astype(np.float64)
     err = np.abs(got - ref)
@@ -331,7 +351,10 @@ def _cases() -> list[tuple[str, str]]:
     cases = []
     for name in _tensor_names():
         qtype = T[name.split(".")[1]]
-        for lowering in LOWERINGS if qtype in NBITS_TYPES else ("float",):
+        eight_bit = qtype in NBITS_TYPES and qtype not in (T.Q4_0, T.Q4_1, T.Q4_K, T.Q3_K, T.Q2_K)
+        for lowering in (
+            (*LOWERINGS, "nibbles") if eight_bit else LOWERINGS if qtype in NBITS_TYPES else ("float",)
+        ):
             cases.append((name, lowering))
     return cases
 
@@ -344,15 +367,14 @@ def test_lowering_runs_exactly(
     weight = import_linear(gguf_file, name)
     if (
         runtime == "ort"
-        and lowering == "nbits"
-        and isinstance(weight, NBitsWeight)
+        and lowering == "nbits_fzp"
+        and isinstance(weight, BlockWeight)
         and weight.bits == 8
         and weight.bias is not None
     ):
-        pytest.skip("ORT's CPU MatMulNBits refuses 8-bit weights with float zero points (use nbits_split)")
-    kwargs = {} if lowering == "float" else {"lowering": lowering}
-    path = _model_path(weight, tmp_path, x_rank=2, **kwargs)
-    x = np.random.default_rng(7).standard_normal((3, weight.dequantize().shape[1])).astype(np.float32)
+        pytest.skip("ORT's CPU MatMulNBits refuses 8-bit weights with float zero points (use nbits)")
+    path = _model_path(weight, tmp_path, x_rank=2, lowering=lowering)
+    x = np.random.default_rng(7).standard_normal((3, _dequantize(weight).shape[1])).astype(np.float32)
     y = (_run_ort if runtime == "ort" else _run_ov)(path, x)
     rel = _check(y, x, _reference(gguf_file, name), weight, lowering)
     print(f"{name} {lowering} {runtime}: max |err| / max |y| = {rel:.1e}")
@@ -363,10 +385,10 @@ def test_lowering_runs_exactly(
 def test_rank3_input(gguf_file: GGUFFile, tmp_path: Path, name: str, lowering: str) -> None:
     """Decoder activations are [batch, seq, hidden]; the bias term's reshapes must keep that shape."""
     weight = import_linear(gguf_file, name)
-    assert isinstance(weight, NBitsWeight)
+    assert isinstance(weight, BlockWeight)
     path = _model_path(weight, tmp_path, x_rank=3, lowering=lowering)
     x = np.random.default_rng(8).standard_normal((2, 5, weight.k)).astype(np.float32)
-    for run in (_run_ov,) if lowering == "nbits" and weight.bits == 8 else (_run_ort, _run_ov):
+    for run in (_run_ov,) if lowering == "nbits_fzp" and weight.bits == 8 else (_run_ort, _run_ov):
         y = run(path, x)
         assert y.shape == (2, 5, weight.n)
         _check(y, x, _reference(gguf_file, name), weight, lowering)
@@ -374,21 +396,20 @@ def test_rank3_input(gguf_file: GGUFFile, tmp_path: Path, name: str, lowering: s
 
 def test_f16_weight_kept_f16(gguf_file: GGUFFile) -> None:
     weight = import_linear(gguf_file, "q.F16")
-    assert isinstance(weight, FloatWeight)
-    part = weight.to_onnx("X", "Y", "l")
-    assert part.initializers[0].data_type == 10  # FLOAT16
-    assert weight.to_onnx("X", "Y", "l", keep_f16=False).initializers[0].data_type == 1
+    nodes, (init,) = linear_protos(weight, "X", "Y", "l")
+    assert init.data_type == 10 and [n.op_type for n in nodes] == ["Cast", "MatMul"]  # FLOAT16, cast in-graph
+    assert [{p.key: p.value for p in n.metadata_props}["edge.linear.form"] for n in nodes] == ["float"] * 2
 
 
 @pytest.mark.parametrize(
     ("name", "lowering", "precision"),
     [
         ("q.Q4_0", "nbits", "u4"),
+        ("r.Q4_K", "nbits_fzp", "u4"),
         ("r.Q4_K", "nbits", "u4"),
-        ("r.Q4_K", "nbits_split", "u4"),
         ("q.Q4_0", "qdq", "i4"),
         ("r.Q6_K", "nbits", "u8"),
-        ("q.Q5_1", "nbits_split", "u8"),
+        ("q.Q5_1", "nbits", "u8"),
         ("q.Q8_0", "qdq", "i8"),
     ],
 )
@@ -433,12 +454,11 @@ def test_real_model_weights(model: str, tmp_path: Path) -> None:
     for qtype, name in picked.items():
         weight = import_linear(gguf, name)
         ref = gguf.tensor_array(name)
-        np.testing.assert_array_equal(weight.dequantize(), ref)
+        np.testing.assert_array_equal(_dequantize(weight), ref)
         x = rng.standard_normal((2, ref.shape[1])).astype(np.float32)
-        lowering = {} if isinstance(weight, FloatWeight) else {"lowering": "nbits_split"}
-        path = _model_path(weight, tmp_path, x_rank=2, **lowering)
+        path = _model_path(weight, tmp_path, x_rank=2)
         for runtime, run in (("ort", _run_ort), ("openvino", _run_ov)):
-            rel = _check(run(path, x), x, ref, weight, "nbits_split")
+            rel = _check(run(path, x), x, ref, weight, "nbits")
             print(f"  {qtype:5s} {name} {ref.shape}: {runtime} max |err| / max |y| = {rel:.1e}")
     emb = gguf.tensors["token_embd.weight"]
     ids = rng.integers(0, emb.shape[1], 64)
