@@ -301,6 +301,6 @@ def per_channel_as_blocks(w: BlockWeight) -> BlockWeight:
 
 def unknown_form(name: str, form: str) -> ModelFormatError:
     return ModelFormatError(
-        f"linear {name!r} is annotated with form {form!r}, which this edge cannot read",
+        f"linear {name!r} is tagged with form(s) {form or 'none'}, which edge cannot read",
         hint=f"known forms: float, {', '.join(FORMS)}; rebuild the graph with this version of edge",
     )

@@ -194,13 +194,14 @@ def linears_in(model: ir.Model) -> list[Linear]:
 
 
 def _read(name: str, nodes: Sequence[ir.Node]) -> Linear:
-    forms = {n.metadata_props.get(FORM_KEY) for n in nodes}
-    form = forms.pop() if len(forms) == 1 else None
-    if form is None or (form != "float" and form not in FORMS):
-        raise unknown_form(name, str(sorted(str(f) for f in forms | {form})))
     parts: dict[str, list[ir.Node]] = {"weight": [], "blocksum": [], "bias": []}
     for node in nodes:
         parts.setdefault(node.metadata_props.get(ROLE_KEY, "?"), []).append(node)
+    # NOTE: "blocksum" nodes may be an earlier emission's, kept while another linear reads them (after CSE)
+    forms = {n.metadata_props.get(FORM_KEY) for n in parts["weight"] + parts["bias"]}
+    form = next(iter(forms)) if len(forms) == 1 else None
+    if form is None or (form != "float" and form not in FORMS):
+        raise unknown_form(name, ", ".join(sorted(str(f) for f in forms)))
     try:
         if set(parts) != {"weight", "blocksum", "bias"} or not parts["weight"]:
             raise ValueError(f"parts {sorted(parts)}")
