@@ -40,9 +40,7 @@ class BuildOptions:
     first_layer: int = 0
     last_layer: int | None = None  # exclusive; None = all layers
     head: bool = True  # final norm + lm_head (the last partition)
-    lowering: str = (
-        "nbits_split"  # how quantized linears become ONNX: a graph_opt.FORMS name (or nbits_split)
-    )
+    lowering: str = "nbits_split"  # quantized linears' ONNX form: graph_opt.FORMS (nbits_split = nbits)
     accuracy_level: int = 0  # MatMulNBits accuracy level; 0 = fp32-exact
     head_accuracy_level: int | None = None  # for the lm_head alone (None: accuracy_level)
 
