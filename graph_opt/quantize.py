@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from edge.errors import ModelFormatError
 from edge.graph_opt.linear import BlockWeight, emit_linear, linears_in
 from edge.graph_opt.lower import lowering_for
 from edge.graph_opt.manager import PassContext, graph_pass
@@ -437,6 +438,11 @@ def plan_quantization(
     if spec.mode == "keep":
         report.precision = dict.fromkeys(names, "keep")
         return report
+    if not linears:  # never report a quantization that did nothing
+        raise ModelFormatError(
+            f"--quant {spec.mode}: the graph has no linear layers tagged by edge's emitter",
+            hint="quantize graphs built by edge's builder (edge convert on a GGUF)",
+        )
     int4: dict[str, BlockWeight] = {}
     if spec.mode == "int4":
         hessians: dict[str, np.ndarray] = {}

@@ -138,3 +138,23 @@ def test_a_broken_linear_is_an_error(tmp_path: Path) -> None:
     del bias_mm.metadata_props["edge.linear"]
     with pytest.raises(ModelFormatError, match=r"blk\.0\.attn_q_fused"):
         linears_in(model)
+
+
+def test_quantizing_a_graph_without_linears_is_an_error() -> None:
+    """A graph not built by edge (no tags) is not searched for linears; asking to quantize it says so."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge.graph_opt import QuantSpec, plan_quantization
+
+    w = np.ones((16, 16), np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "foreign",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = to_ir(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    assert linears_in(model) == []
+    with pytest.raises(ModelFormatError, match="no linear layers tagged"):
+        plan_quantization(model, QuantSpec("int8"))
