@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _F32 = np.float32
+_NIBBLE_KEY = "edge.linear.nibble"  # which half of a nibbles form a MatMulNBits computes: hi | lo
 
 
 class Emitter:
@@ -162,18 +163,20 @@ def _emit_nibbles(e: Emitter, w: BlockWeight, level: int) -> ir.Value:
     if w.bits != 8:
         raise ValueError(f"{e.name}: the nibbles form takes 8-bit weights, not {w.bits}-bit")
     zp = w.integer_zero_points()
-    halves = [
-        _matmul_nbits(e, _packed(part, w, 4), scale, pack_codes(zpart, 4), w, 4, level)
-        for part, zpart, scale in (
-            (w.codes >> 4, zp >> 4, w.scales * _F32(16)),
-            (w.codes & 15, zp & 15, w.scales),
-        )
-    ]
+    halves = []
+    for half, part, zpart, scale in (
+        ("hi", w.codes >> 4, zp >> 4, w.scales * _F32(16)),
+        ("lo", w.codes & 15, zp & 15, w.scales),
+    ):
+        halves.append(_matmul_nbits(e, _packed(part, w, 4), scale, pack_codes(zpart, 4), w, 4, level))
+        halves[-1].producer().metadata_props[_NIBBLE_KEY] = half  # type: ignore[union-attr]
     return e.op("Add", halves)
 
 
 def _read_nibbles(nodes: Sequence[ir.Node]) -> Read:
-    hi_node, lo_node, add = nodes
+    # NOTE: by tag, not position: a topological sort may put either half first
+    by_half = {n.metadata_props.get(_NIBBLE_KEY): n for n in nodes}
+    hi_node, lo_node, add = by_half["hi"], by_half["lo"], by_half[None]
     hi, lo = _read_nbits([hi_node]).weight, _read_nbits([lo_node]).weight
     assert isinstance(hi, BlockWeight) and isinstance(lo, BlockWeight)
     codes = (hi.codes << 4) | lo.codes

@@ -16,7 +16,14 @@ import pytest
 from onnxscript.rewriter import pattern
 
 from edge.errors import ModelFormatError
-from edge.graph_opt import BlockWeight, is_linear_node, linears_in, quantize_int4, target_proto
+from edge.graph_opt import (
+    BlockWeight,
+    is_linear_node,
+    linears_in,
+    quantize_int4,
+    quantize_int8,
+    target_proto,
+)
 from edge.graph_opt._rules import ROLE_KEY, apply_rules, cleanup
 from edge.graph_opt.linear import emit_linear
 from edge.models.gguf_file import open_gguf
@@ -158,3 +165,20 @@ def test_quantizing_a_graph_without_linears_is_an_error() -> None:
     assert linears_in(model) == []
     with pytest.raises(ModelFormatError, match="no linear layers tagged"):
         plan_quantization(model, QuantSpec("int8"))
+
+
+def test_nibbles_read_back_whatever_the_node_order() -> None:
+    """An 8-bit weight as two 4-bit halves reads back as the one 8-bit weight, also when a topological sort
+    put the low half first."""
+    rng = np.random.default_rng(2)
+    q = quantize_int8(rng.standard_normal((8, 64)).astype(np.float32))
+    model = to_ir(linear_graph({"w": q}, lowering="nibbles"))
+    hi, lo = (n for n in model.graph if n.op_type == "MatMulNBits")
+    model.graph.remove(lo)
+    model.graph.insert_before(hi, lo)
+    assert [n.op_type for n in model.graph][:2] == ["MatMulNBits", "MatMulNBits"] and next(
+        iter(model.graph)
+    ) is lo
+    (lin,) = linears_in(model)
+    assert lin.form == "nibbles"
+    np.testing.assert_array_equal(lin.weight.dequantize(), q.dequantize())  # type: ignore[union-attr]
