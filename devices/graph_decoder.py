@@ -167,6 +167,7 @@ class GraphDecoder(RingDecoder):
             lowering=opts.lowering,
             accuracy_level=level,
             head_accuracy_level=opts.head_accuracy_level,
+            long_rope=cfg.long_rope(opts.capacity),
         )
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled

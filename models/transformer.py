@@ -1,5 +1,5 @@
 """The shared decoder-only transformer as an ONNX graph, built from a GGUF (one builder for every family;
-`models/<arch>.py` only declares the family's traits).
+`models/archs/<arch>.py` declares what differs: its `ArchTraits`, tensor names from `models/arch.py`).
 
 Graph contract (q = new tokens this step, r = rows whose logits are wanted, L_k = past slots bound for KV
 kind k: all dynamic; a static-shape device fixes them):
@@ -28,7 +28,7 @@ import numpy as np
 from edge.errors import ModelFormatError
 from edge.graph_opt.linear import linear_protos, resolve_lowering
 from edge.graph_opt.weight import BlockWeight, stack_rows, take_rows
-from edge.models.arch import ArchConfig
+from edge.models.arch import GLOBAL_TENSORS, LAYER_TENSORS, ArchConfig
 from edge.models.gguf_file import GGUFFile
 from edge.models.weights import dequantize_rows, import_linear
 
@@ -43,6 +43,7 @@ class BuildOptions:
     lowering: str = "nbits_split"  # quantized linears' ONNX form: graph_opt.FORMS (nbits_split = nbits)
     accuracy_level: int = 0  # MatMulNBits accuracy level; 0 = fp32-exact
     head_accuracy_level: int | None = None  # for the lm_head alone (None: accuracy_level)
+    long_rope: bool = False  # LongRoPE's long table (KV past the original context: ArchConfig.long_rope)
 
 
 def layer_kinds(cfg: ArchConfig) -> list[int]:
@@ -99,6 +100,20 @@ def w_n(w: BlockWeight | np.ndarray) -> int:
     return w.n if isinstance(w, BlockWeight) else int(w.shape[0])
 
 
+@dataclass(frozen=True)
+class _Proj:
+    """One projection: rows of a GGUF tensor (all of it, a permutation, or its share of a fused tensor)."""
+
+    tensor: str
+    rows: np.ndarray | None  # None: every row, in file order
+    label: str  # its name in the graph (the unfused tensor's name)
+
+
+def _share(offset: int, n: int, perm: np.ndarray | None) -> np.ndarray:
+    """Rows offset..offset+n of a fused tensor, in `perm` order when given."""
+    return offset + (np.arange(n) if perm is None else perm)
+
+
 class _Builder:
     def __init__(self, gguf: GGUFFile, cfg: ArchConfig, opts: BuildOptions) -> None:
         self.gguf, self.cfg, self.opts = gguf, cfg, opts
@@ -143,16 +158,26 @@ class _Builder:
         b = self._bias(name, perm)
         return y if b is None else self.g.op("Add", [y, self.g.init(name.replace(".weight", ".bias"), b)])
 
-    def linears(self, x: str, names: Sequence[str], perms: Sequence[np.ndarray | None]) -> list[str]:
+    def linears(self, x: str, projs: Sequence[_Proj]) -> list[str]:
         """Linears sharing one input, fused into one matmul when their weights have the same form (QKV,
         gate+up): per token one kernel and one block-sum instead of several."""
-        ws = [self._weight(n, p) for n, p in zip(names, perms, strict=True)]
+        decoded: dict[str, BlockWeight | np.ndarray] = {}  # a fused tensor is decoded once for its shares
+        for p in projs:
+            if p.tensor not in decoded:
+                decoded[p.tensor] = self._weight(p.tensor, None)
+        ws = [decoded[p.tensor] if p.rows is None else take_rows(decoded[p.tensor], p.rows) for p in projs]
+        biases = [self._bias(p.tensor, p.rows) for p in projs]
         fused = stack_rows(ws)
-        if fused is None:
-            return [self.linear(x, n, p) for n, p in zip(names, perms, strict=True)]
         g = self.g
-        y = self._emit(x, fused, names[0].replace(".weight", "") + "_fused", None)
-        biases = [self._bias(n, p) for n, p in zip(names, perms, strict=True)]
+        if fused is None:
+            outs = []
+            for p, w, b in zip(projs, ws, biases, strict=True):
+                y = self._emit(x, w, p.label, None)
+                bias = p.label.replace(".weight", ".bias")
+                outs.append(y if b is None else g.op("Add", [y, g.init(bias, b)]))
+            return outs
+        label = projs[0].label
+        y = self._emit(x, fused, label.replace(".weight", "") + "_fused", None)
         if any(b is not None for b in biases):
             full = np.concatenate(
                 [
@@ -160,9 +185,9 @@ class _Builder:
                     for b, w in zip(biases, ws, strict=True)
                 ]
             )
-            y = g.op("Add", [y, g.init(names[0].replace(".weight", "_fused.bias"), full)])
+            y = g.op("Add", [y, g.init(label.replace(".weight", "_fused.bias"), full)])
         sizes = g.const([w_n(w) for w in ws], np.int64)
-        outs = [g.name(n.replace(".weight", "")) for n in names]
+        outs = [g.name(p.label.replace(".weight", "")) for p in projs]
         g.nodes.append(g.h.make_node("Split", [y, sizes], outs, axis=-1, name=g.name("Split")))
         return outs
 
@@ -175,16 +200,27 @@ class _Builder:
         inv = g.op("Div", [g.const(1.0), g.op("Sqrt", [g.op("Add", [ms, g.const(self.cfg.rms_eps)])])])
         return g.op("Mul", [g.init(weight_name, self.tensor(weight_name)), g.op("Mul", [x, inv])])
 
+    def rope_factors(self) -> np.ndarray | None:
+        """The per-pair frequency divisors llama.cpp applies to this file (Llama 3.x, LongRoPE), if any."""
+        name = self.cfg.rope_factor_tensor(self.gguf.tensors, self.opts.long_rope)
+        return None if name is None else self.tensor(name).astype(np.float64)
+
     def rope_tables(self, positions: str, base: float) -> dict[str, str]:
         """Per RoPE base, once per graph: full-width cos/sin [q, hd] for keys ([q, 1, hd]) and for queries
-        with the attention scale folded in (one multiply fewer per layer)."""
-        g, hd = self.g, self.cfg.head_dim
-        inv_freq = (1.0 / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(np.float32)
+        with the attention scale folded in (one multiply fewer per layer). RoPE scaling (ggml_rope_ext without
+        YaRN): angle p * freq_scale * base^(-2i/hd) / factor_i; cos and sin times attn_factor, which for
+        q.k is attn_factor^2 on the query side alone."""
+        g, hd, rs = self.g, self.cfg.head_dim, self.cfg.rope_scaling
+        inv_freq64 = rs.freq_scale / base ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+        factors = self.rope_factors()
+        if factors is not None:
+            inv_freq64 = inv_freq64 / factors
+        inv_freq = inv_freq64.astype(np.float32)
         pos = g.op("Cast", [positions], to=1)  # float32 [q]
         ang = g.op("Mul", [g.op("Unsqueeze", [pos, g.const([1], np.int64)]), g.const(inv_freq[None, :])])
         cos, sin = (g.op("Concat", [t, t], axis=-1) for t in (g.op("Cos", [ang]), g.op("Sin", [ang])))
         scale, axis1, axes12 = (
-            g.const(self.cfg.attn_scale),
+            g.const(self.cfg.attn_scale * rs.attn_factor**2),
             g.const([1], np.int64),
             g.const([1, 2], np.int64),
         )
@@ -233,7 +269,6 @@ class _Builder:
         self, i: int, x: str, positions: str, ropes: dict[float, dict[str, str]], kinds: list[int]
     ) -> str:
         cfg, g, t = self.cfg, self.g, self.cfg.traits
-        p = f"blk.{i}."
         h, hd, kvh = cfg.n_head, cfg.head_dim, cfg.n_head_kv
         grp = h // kvh
         base = cfg.rope_base_for(i)
@@ -241,12 +276,19 @@ class _Builder:
             ropes[base] = self.rope_tables(positions, base)
         rt = ropes[base]
 
-        xn = self.rms_norm(x, p + "attn_norm.weight")
+        def n(role: str) -> str:
+            return f"blk.{i}.{LAYER_TENSORS[role]}"
+
+        xn = self.rms_norm(x, n("attn_norm"))
         perm_q = _neox_perm(h, hd) if t.rope_style == "norm" else None
         perm_k = _neox_perm(kvh, hd) if t.rope_style == "norm" else None
-        q, k, v = self.linears(
-            xn, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], [perm_q, perm_k, None]
-        )
+        if t.fused_qkv and n("qkv") in self.gguf.tensors:  # [q; k; v] rows of one tensor
+            qn, kn = h * hd, kvh * hd
+            shares = [(0, qn, perm_q), (qn, kn, perm_k), (qn + kn, kn, None)]
+            projs = [_Proj(n("qkv"), _share(*s), n(r)) for s, r in zip(shares, "qkv", strict=True)]
+        else:
+            projs = [_Proj(n(r), pm, n(r)) for r, pm in zip("qkv", (perm_q, perm_k, None), strict=True)]
+        q, k, v = self.linears(xn, projs)
         # NOTE: RoPE runs with the sequence on axis 1 for Q and K alike ([1, q, heads.., hd], as the projection
         # leaves them), the form fused rotary kernels take; Q is transposed for attention afterwards.
         q = g.op("Reshape", [q, g.const([1, -1, kvh, grp, hd], np.int64)])  # [1, q, kvh, grp, hd]
@@ -255,8 +297,8 @@ class _Builder:
         )  # [1, q, kvh, hd]: slot-major, as cached
         v = g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)], out=f"new_value_{i}")
         if t.qk_norm:
-            q = self.rms_norm(q, p + "attn_q_norm.weight")
-            k = self.rms_norm(k, p + "attn_k_norm.weight")
+            q = self.rms_norm(q, n("q_norm"))
+            k = self.rms_norm(k, n("k_norm"))
         qs = g.op(
             "Transpose", [self.rope(q, rt["cos_q"], rt["sin_q"])], perm=[0, 2, 3, 1, 4]
         )  # [1, kvh, grp, q, hd], scaled
@@ -284,16 +326,24 @@ class _Builder:
         ctx = g.op(
             "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, h * hd], np.int64)]
         )
-        attn = self.linear(ctx, p + "attn_output.weight")
+        attn = self.linear(ctx, n("attn_output"))
         if t.post_norms:
-            attn = self.rms_norm(attn, p + "post_attention_norm.weight")
+            attn = self.rms_norm(attn, n("post_attention_norm"))
         x = g.op("Add", [x, attn])
 
-        xn = self.rms_norm(x, p + "ffn_norm.weight")
-        gate, up = self.linears(xn, [p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None])
-        mlp = self.linear(g.op("Mul", [self.activation(gate), up]), p + "ffn_down.weight")
+        xn = self.rms_norm(x, n("ffn_norm"))
+        if t.fused_gate_up:  # ffn_up holds [gate; up]
+            ff = cfg.n_ff
+            projs = [
+                _Proj(n("up"), _share(0, ff, None), n("gate")),
+                _Proj(n("up"), _share(ff, ff, None), n("up")),
+            ]
+        else:
+            projs = [_Proj(n("gate"), None, n("gate")), _Proj(n("up"), None, n("up"))]
+        gate, up = self.linears(xn, projs)
+        mlp = self.linear(g.op("Mul", [self.activation(gate), up]), n("down"))
         if t.post_norms:
-            mlp = self.rms_norm(mlp, p + "post_ffw_norm.weight")
+            mlp = self.rms_norm(mlp, n("post_ffw_norm"))
         return g.op("Add", [x, mlp])
 
     def build(self):  # type: ignore[no-untyped-def]
@@ -338,9 +388,9 @@ class _Builder:
             x = self.layer(i, x, "positions", ropes, kinds)
         if opts.head:
             inputs.append(helper.make_tensor_value_info("logit_rows", I64, ["r"]))
-            xn = self.rms_norm(x, "output_norm.weight")
+            xn = self.rms_norm(x, GLOBAL_TENSORS["output_norm"])
             rows = g.op("Gather", [xn, "logit_rows"], axis=1)
-            head = "token_embd.weight" if cfg.tied_embeddings else "output.weight"
+            head = GLOBAL_TENSORS["embed" if cfg.tied_embeddings else "head"]
             g.op("Identity", [self.linear(rows, head, accuracy=opts.head_accuracy_level)], out="logits")
             outputs.insert(0, helper.make_tensor_value_info("logits", F, [1, "r", cfg.n_vocab]))
         else:
@@ -368,7 +418,7 @@ class Embedder:
         self.scale = np.float32(math.sqrt(cfg.n_embd)) if cfg.traits.embed_scale else None
 
     def __call__(self, ids: Sequence[int]) -> np.ndarray:
-        rows = dequantize_rows(self.gguf, "token_embd.weight", np.asarray(ids, dtype=np.int64))
+        rows = dequantize_rows(self.gguf, GLOBAL_TENSORS["embed"], np.asarray(ids, dtype=np.int64))
         if self.scale is not None:
             rows = rows * self.scale
         return rows[None].astype(np.float32, copy=False)  # [1, q, d]

@@ -1,4 +1,5 @@
-"""Tiny random decoder GGUFs (llama, qwen2, gemma3) written with gguf.GGUFWriter, loadable by llama.cpp.
+"""Tiny random decoder GGUFs of every family in models/archs/ written with gguf.GGUFWriter, loadable by
+llama.cpp; which tensors a family has comes from its ArchTraits (edge.models.arch).
 
 They carry a small SentencePiece-style vocabulary (unk/bos/eos, the 256 byte tokens llama.cpp requires, and a
 few words) so llama.cpp loads them; tests feed token ids directly, so the tokenizer content does not matter.
@@ -12,10 +13,15 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from edge.models.arch import traits_for
+
+# the biases real files of a family carry (llama.cpp requires them there)
+USUAL_BIASES = {"qwen2": ("q", "k", "v")}
+
 
 @dataclass(frozen=True)
 class TinySpec:
-    arch: str = "llama"  # "llama" | "qwen2" | "gemma3"
+    arch: str = "llama"  # a module of models/archs/
     n_layer: int = 2
     n_embd: int = 64
     n_head: int = 4
@@ -31,6 +37,14 @@ class TinySpec:
     tied: bool = False  # no output.weight: the head reuses token_embd (gemma3 always)
     seed: int = 0
     chat_template: str | None = None  # tokenizer.chat_template, when the test needs one
+    bias_roles: tuple[str, ...] | None = (
+        None  # linears given a bias; None: the family's usual (qwen2: q, k, v)
+    )
+    rope_scale: float | None = None  # {arch}.rope.scaling.factor (linear scaling)
+    rope_freqs: bool = False  # llama 3.x: a rope_freqs.weight tensor (llama3-style factors)
+    # phi3 LongRoPE: rope_factors_long/short tensors, attn_factor and the original context
+    long_rope: bool = False
+    original_context: int = 32
 
 
 def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
@@ -70,8 +84,17 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.add_rope_dimension_count(spec.head_dim)
     w.add_layer_norm_rms_eps(spec.eps)
     w.add_rope_freq_base(spec.rope_base)
-    if arch == "gemma3":
+    traits = traits_for(arch)
+    assert traits is not None, arch
+    if traits.swa_pattern:
         w.add_sliding_window(spec.sliding_window)
+    if spec.rope_scale is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(spec.rope_scale)
+    if spec.long_rope:  # what convert_hf_to_gguf writes for Phi-3 128k: no scaling type
+        w.add_rope_scaling_orig_ctx_len(spec.original_context)
+        scale = spec.ctx / spec.original_context
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(spec.original_context))))
     tokens, scores, types = _vocab(spec.n_vocab)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -99,29 +122,42 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     def norm(name: str, n: int) -> None:
         w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
+    def factors(name: str, low: float, high: float) -> None:
+        w.add_tensor(name, np.geomspace(low, high, spec.head_dim // 2).astype(np.float32))
+
     lin("token_embd.weight", v, d, scale=1.0)
+    if spec.rope_freqs:  # llama 3.x: high frequencies kept, low ones divided by up to 8
+        factors("rope_freqs.weight", 1.0, 8.0)
+    if spec.long_rope:
+        factors("rope_factors_long.weight", 1.0, 12.0)
+        factors("rope_factors_short.weight", 1.0, 1.5)
+    qn, kn = spec.n_head * hd, spec.n_head_kv * hd
+    bias_roles = USUAL_BIASES.get(arch, ()) if spec.bias_roles is None else spec.bias_roles
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", d)
-        lin(p + "attn_q.weight", spec.n_head * hd, d)
-        lin(p + "attn_k.weight", spec.n_head_kv * hd, d)
-        lin(p + "attn_v.weight", spec.n_head_kv * hd, d)
-        lin(p + "attn_output.weight", d, spec.n_head * hd)
-        if arch == "qwen2":
-            for nm, n in (
-                ("attn_q", spec.n_head * hd),
-                ("attn_k", spec.n_head_kv * hd),
-                ("attn_v", spec.n_head_kv * hd),
-            ):
+        if traits.fused_qkv:
+            lin(p + "attn_qkv.weight", qn + 2 * kn, d)
+        else:
+            lin(p + "attn_q.weight", qn, d)
+            lin(p + "attn_k.weight", kn, d)
+            lin(p + "attn_v.weight", kn, d)
+        lin(p + "attn_output.weight", d, qn)
+        for role, nm, n in (("q", "attn_q", qn), ("k", "attn_k", kn), ("v", "attn_v", kn)):
+            if role in bias_roles:
                 w.add_tensor(p + nm + ".bias", (0.1 * rng.standard_normal(n)).astype(np.float32))
-        if arch == "gemma3":
+        if traits.qk_norm:
             norm(p + "attn_q_norm.weight", hd)
             norm(p + "attn_k_norm.weight", hd)
+        if traits.post_norms:
             norm(p + "post_attention_norm.weight", d)
             norm(p + "post_ffw_norm.weight", d)
         norm(p + "ffn_norm.weight", d)
-        lin(p + "ffn_gate.weight", ff, d)
-        lin(p + "ffn_up.weight", ff, d)
+        if traits.fused_gate_up:
+            lin(p + "ffn_up.weight", 2 * ff, d)
+        else:
+            lin(p + "ffn_gate.weight", ff, d)
+            lin(p + "ffn_up.weight", ff, d)
         lin(p + "ffn_down.weight", d, ff)
     norm("output_norm.weight", d)
     if not spec.tied and arch != "gemma3":

@@ -1,9 +1,10 @@
 """What the own graphs do not implement stops them with a clear error instead of being ignored: a tensor the
-builder would not read (Llama 3.1's rope_freqs, an extra norm) and RoPE scaling metadata. llama.cpp, which
-knows them, still runs the file."""
+family's builder would not read (an extra norm, a bias, frequency factors of another family) and RoPE scaling
+metadata other than linear. llama.cpp, which knows them, still runs the file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,22 @@ def _graph(path: Path) -> None:
     GraphDecoder(open_gguf(path), GraphOptions(backend="ort", threads=1, capacity=32)).close()
 
 
-def test_llama3_rope_frequency_factors_are_refused_not_ignored(tiny: Path, tmp_path: Path) -> None:
+def test_rope_frequency_factors_outside_llama_are_refused_not_ignored(tmp_path: Path) -> None:
+    """rope_freqs.weight is implemented for llama (test_graph_engine's llama3 model); a qwen2 file holding it
+    is one llama.cpp would not read either: refused, naming the tensor and what it is."""
+    src = write_tiny_model(tmp_path / "qwen2.gguf", TinySpec(arch="qwen2"))
     factors = np.linspace(1.0, 8.0, TinySpec().head_dim // 2, dtype=np.float32)
-    path = rewrite_gguf(tiny, tmp_path / "rope_freqs.gguf", extra_tensors={"rope_freqs.weight": factors})
+    path = rewrite_gguf(src, tmp_path / "rope_freqs.gguf", extra_tensors={"rope_freqs.weight": factors})
     with pytest.raises(ModelFormatError, match=r"rope_freqs\.weight.*Llama 3") as exc:
         _graph(path)
     assert "--backend llamacpp" in (exc.value.hint or "")
-    dec = open_decoder("llamacpp", path, "cpu", DecoderOptions(n_ctx=32, n_threads=1))  # llama.cpp knows it
+
+
+def test_llama3_rope_frequency_factors_run_on_both_engines(tiny: Path, tmp_path: Path) -> None:
+    factors = np.linspace(1.0, 8.0, TinySpec().head_dim // 2, dtype=np.float32)
+    path = rewrite_gguf(tiny, tmp_path / "rope_freqs.gguf", extra_tensors={"rope_freqs.weight": factors})
+    _graph(path)
+    dec = open_decoder("llamacpp", path, "cpu", DecoderOptions(n_ctx=32, n_threads=1))
     try:
         assert np.isfinite(dec.forward([1, 2, 3])).all()
     finally:
@@ -53,13 +63,32 @@ def test_a_tensor_the_builder_does_not_read_is_refused(tiny: Path, tmp_path: Pat
 @pytest.mark.parametrize(
     "meta",
     [
-        {"llama.rope.scaling.type": ("linear", T.STRING), "llama.rope.scaling.factor": (4.0, T.FLOAT32)},
-        {"llama.rope.scaling.factor": (2.0, T.FLOAT32)},
+        {"llama.rope.scaling.type": ("yarn", T.STRING), "llama.rope.scaling.factor": (4.0, T.FLOAT32)},
+        {"llama.rope.scaling.type": ("longrope", T.STRING)},
+        {"llama.rope.scaling.type": ("llama3", T.STRING)},  # llama.cpp reads llama3 scaling from rope_freqs
+        {"llama.rope.scaling.factor": ("four", T.STRING)},
     ],
 )
-def test_rope_scaling_is_refused(tiny: Path, tmp_path: Path, meta: dict[str, Any]) -> None:
+def test_rope_scaling_not_implemented_is_refused(tiny: Path, tmp_path: Path, meta: dict[str, Any]) -> None:
     path = rewrite_gguf(tiny, tmp_path / "scaled.gguf", meta)
-    with pytest.raises(ModelFormatError, match="RoPE scaling"):
+    with pytest.raises(ModelFormatError, match=r"rope\.scaling"):
+        _graph(path)
+
+
+@pytest.mark.parametrize(
+    ("arch", "tensor", "shape"),
+    [
+        ("qwen2", "blk.0.attn_output.bias", (64,)),
+        ("gemma3", "rope_factors_long.weight", (8,)),
+    ],
+)
+def test_a_tensor_outside_the_family_is_refused(
+    arch: str, tensor: str, shape: tuple[int, ...], tmp_path: Path
+) -> None:
+    src = write_tiny_model(tmp_path / f"{arch}.gguf", TinySpec(arch=arch))
+    extra = {tensor: np.ones(shape, np.float32)}
+    path = rewrite_gguf(src, tmp_path / "extra.gguf", extra_tensors=extra)
+    with pytest.raises(ModelFormatError, match=re.escape(repr(tensor))):
         _graph(path)
 
 
