@@ -37,11 +37,12 @@ from tests import numpy_reference as ref
 from tests.tiny_models import TinySpec, write_tiny_model
 
 T = GGMLQuantizationType
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "gemma3", "qwen3")
 BACKENDS = ("ort", "openvino")
 SPECS = {
     "llama": TinySpec(arch="llama"),  # untied head (output.weight)
     "qwen2": TinySpec(arch="qwen2", tied=True, seed=1),  # Q/K/V biases, tied head
+    "qwen3": TinySpec(arch="qwen3", seed=3),  # QK-norm, no biases, untied head
     # 6 layers: five sliding-window (window 8, RoPE base 10k) and one global (RoPE base from the file)
     "gemma3": TinySpec(arch="gemma3", n_layer=6, sliding_window=8, rope_base=1e6, seed=2),
 }

@@ -78,6 +78,7 @@ def test_rope_scaling_not_implemented_is_refused(tiny: Path, tmp_path: Path, met
 @pytest.mark.parametrize(
     ("arch", "tensor", "shape"),
     [
+        ("qwen3", "blk.0.attn_q.bias", (64,)),  # qwen3 has no biases (llama.cpp does not load them)
         ("qwen2", "blk.0.attn_output.bias", (64,)),
         ("gemma3", "rope_factors_long.weight", (8,)),
     ],
