@@ -15,11 +15,13 @@ from edge.models.gguf_file import open_gguf
 from edge.models.transformer import BuildOptions, build_decoder
 from tests.tiny_models import TinySpec, write_tiny_model
 
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "gemma3", "qwen3", "phi3")
 SPECS = {
     "llama": TinySpec(arch="llama"),
     "qwen2": TinySpec(arch="qwen2", tied=True, seed=1),
     "gemma3": TinySpec(arch="gemma3", n_layer=6, sliding_window=8, rope_base=1e6, seed=2),
+    "qwen3": TinySpec(arch="qwen3", seed=3),
+    "phi3": TinySpec(arch="phi3", long_rope=True, seed=9),  # fused QKV / gate-up, LongRoPE attention factor
 }
 
 

@@ -40,8 +40,8 @@ from tests.tiny_models import TinySpec, write_tiny_model
 
 T = GGMLQuantizationType
 ARCHS = (
-    *("llama", "qwen2", "gemma3", "qwen3"),
-    *("llama3-rope", "llama-linear-rope", "mistral", "qwen2-head"),
+    *("llama", "qwen2", "gemma3", "qwen3", "phi3"),
+    *("llama3-rope", "llama-linear-rope", "phi3-longrope", "phi3-longrope-short", "mistral", "qwen2-head"),
 )
 BACKENDS = ("ort", "openvino")
 SPECS = {
@@ -51,6 +51,12 @@ SPECS = {
     # Llama 3.1 / 3.2: RoPE frequency factors in rope_freqs.weight (divisors 1..8), base 500k
     "llama3-rope": TinySpec(arch="llama", rope_freqs=True, rope_base=5e5, seed=4),
     "llama-linear-rope": TinySpec(arch="llama", rope_scale=4.0, seed=5),  # rope.scaling.type linear, factor 4
+    "phi3": TinySpec(arch="phi3", seed=8),  # attn_qkv and [gate; up] in ffn_up (Phi-3-mini-4k: no scaling)
+    # Phi-3 128k: LongRoPE tables and attention factor; llama.cpp (n_ctx 64) and edge (capacity 4096) both
+    # run past the original context of 32, so the long table applies
+    "phi3-longrope": TinySpec(arch="phi3", long_rope=True, original_context=32, seed=9),
+    # ... and within an original context of 4096: the short table
+    "phi3-longrope-short": TinySpec(arch="phi3", long_rope=True, ctx=8192, original_context=4096, seed=10),
     "mistral": TinySpec(arch="llama", n_head=8, n_head_kv=2, head_dim=8, rope_base=1e6, seed=6),  # GQA 4:1
     "qwen2-head": TinySpec(arch="qwen2", seed=7),  # Qwen2.5 >= 3B: biases and an output.weight
     # 6 layers: five sliding-window (window 8, RoPE base 10k) and one global (RoPE base from the file)
@@ -247,7 +253,7 @@ def test_f32_logits_agree_with_llamacpp_at_every_position(
     np.testing.assert_array_equal(ours.argmax(-1), theirs.argmax(-1))
 
 
-SCALED = ("llama3-rope", "llama-linear-rope")
+SCALED = ("llama3-rope", "llama-linear-rope", "phi3-longrope", "phi3-longrope-short")
 
 
 @pytest.mark.parametrize("arch", SCALED)
@@ -266,6 +272,17 @@ def test_rope_scaling_is_what_makes_them_agree(
     cos = cosines(ref.forward(plain, ids_for(N_SEQ)), llamacpp_f32(arch))
     print(f"\n[scaling ignored vs llama.cpp] {arch}: min cosine {cos.min():.6f}")
     assert cos.min() < 0.999
+
+
+def test_longrope_table_follows_the_capacity(tiny: Callable[[str, T], Path]) -> None:
+    """A phi3 128k decoder whose KV capacity is within the original context (32) uses the short table, as
+    llama.cpp does for such an n_ctx; past it, the long one."""
+    path, ids = tiny("phi3-longrope", T.F32), ids_for(24, seed=5)
+    short = reference(path, tuple(ids), context=32)
+    assert cosines(short, reference(path, tuple(ids))).min() < 0.999  # the tables differ
+    for backend in BACKENDS:
+        ours = feed(decoder(path, backend, capacity=32, max_rollback=0, prefill_chunk=16), ids, (16, 8))
+        assert float(np.abs(ours - short).max()) < MAX_ABS
 
 
 # --- 2. every weight type against the numpy forward ---------------------------------------------------------

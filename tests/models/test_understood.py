@@ -79,6 +79,8 @@ def test_rope_scaling_not_implemented_is_refused(tiny: Path, tmp_path: Path, met
     ("arch", "tensor", "shape"),
     [
         ("qwen3", "blk.0.attn_q.bias", (64,)),  # qwen3 has no biases (llama.cpp does not load them)
+        ("phi3", "blk.0.ffn_gate.weight", (128, 64)),  # phi3's gate lives in ffn_up
+        ("phi3", "rope_freqs.weight", (8,)),  # llama's factors table, not phi3's
         ("qwen2", "blk.0.attn_output.bias", (64,)),
         ("gemma3", "rope_factors_long.weight", (8,)),
     ],
