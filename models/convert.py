@@ -270,6 +270,12 @@ def convert(
         raise EdgeError(f"{out} exists and is not an edge artifact", hint="choose another -o DIR")
     gguf = open_gguf(model)
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+    if cfg.rope_factor_tensor(gguf.tensors, True) != cfg.rope_factor_tensor(gguf.tensors, False):
+        # LongRoPE's table depends on the context the artifact will run with, which it does not record
+        raise EdgeError(
+            f"{model.name} carries LongRoPE long and short factor tables: an artifact would fix one of them",
+            hint="run the GGUF itself (--backend ort|openvino picks the table from the context, as llama.cpp)",
+        )
     ranges = _ranges(cfg, opts)
     say(
         f"source {model.name}: {cfg.arch}, {cfg.n_layer} layers; target {opts.target}; quant {opts.quant.mode}"

@@ -21,7 +21,7 @@ SPECS = {
     "qwen2": TinySpec(arch="qwen2", tied=True, seed=1),
     "gemma3": TinySpec(arch="gemma3", n_layer=6, sliding_window=8, rope_base=1e6, seed=2),
     "qwen3": TinySpec(arch="qwen3", seed=3),
-    "phi3": TinySpec(arch="phi3", long_rope=True, seed=9),  # fused QKV / gate-up, LongRoPE attention factor
+    "phi3": TinySpec(arch="phi3", seed=9),  # fused QKV and gate-up tensors
 }
 
 

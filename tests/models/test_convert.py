@@ -23,6 +23,7 @@ from edge.models.artifact import is_artifact, open_artifact
 from edge.models.convert import ConvertOptions, convert
 from edge.models.gguf_file import open_gguf
 from tests.graph_opt.graphs import ARCHS, tiny_gguf
+from tests.tiny_models import TinySpec, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("edge_cache")
 
@@ -146,6 +147,16 @@ def test_refuses_to_overwrite_other_directories(models: Path, tmp_path: Path) ->
     (tmp_path / "x" / "notes.txt").write_text("mine")
     with pytest.raises(EdgeError, match="not an edge artifact"):
         convert(models / "llama.gguf", tmp_path / "x")
+
+
+def test_refuses_longrope_tables_it_would_have_to_fix(tmp_path: Path) -> None:
+    """Phi-3 128k's long/short RoPE table depends on the context it runs with, which an artifact does not
+    record: refused rather than fixed silently (the GGUF runs on the own graphs directly)."""
+    src = write_tiny_model(tmp_path / "phi3.gguf", TinySpec(arch="phi3", long_rope=True))
+    with pytest.raises(EdgeError, match="LongRoPE") as exc:
+        convert(src, tmp_path / "out")
+    assert "--backend" in (exc.value.hint or "")
+    assert not (tmp_path / "out").exists()
 
 
 def test_int4_of_an_f32_tiny_model_meets_the_quality_bounds(models: Path, tmp_path: Path) -> None:
