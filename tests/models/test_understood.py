@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gguf import GGUFReader, GGUFWriter
 from gguf import GGUFValueType as T
 
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.registry import DecoderOptions, open_decoder
 from edge.errors import ModelFormatError
 from edge.models.gguf_file import open_gguf
-from tests.reliability.ggufs import rewrite_gguf
+from tests.reliability.ggufs import field_value, rewrite_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("edge_cache")
@@ -98,3 +99,35 @@ def test_a_tensor_outside_the_family_is_refused(
 def test_no_scaling_declared_runs(tiny: Path, tmp_path: Path) -> None:
     path = rewrite_gguf(tiny, tmp_path / "none.gguf", {"llama.rope.scaling.type": ("none", T.STRING)})
     _graph(path)
+
+
+def _as_arch(src: Path, dst: Path, arch: str) -> Path:
+    """The tiny llama relabelled as another llama.cpp architecture (its keys renamed)."""
+    reader = GGUFReader(src)
+    w = GGUFWriter(dst, arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value, vtype, sub = field_value(field)
+        w.add_key_value(key.replace("llama.", f"{arch}.", 1), value, vtype, sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.asarray(t.data).copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_an_architecture_without_a_builder_runs_on_llamacpp(tiny: Path, tmp_path: Path) -> None:
+    """mistral3 (llama's tensors, llama.cpp knows it): the own graphs refuse it naming what they support and
+    llama.cpp; llama.cpp runs it."""
+    path = _as_arch(tiny, tmp_path / "mistral3.gguf", "mistral3")
+    with pytest.raises(ModelFormatError, match="'mistral3' has no graph builder") as exc:
+        _graph(path)
+    assert "qwen3" in (exc.value.hint or "") and "--backend llamacpp" in (exc.value.hint or "")
+    dec = open_decoder("llamacpp", path, "cpu", DecoderOptions(n_ctx=32, n_threads=1))
+    try:
+        assert np.isfinite(dec.forward([1, 2, 3])).all()
+    finally:
+        dec.close()

@@ -14,7 +14,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 DROP = object()  # an override value that removes the key
 
 
-def _field_value(field: Any) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
+def field_value(field: Any) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
     vtype = GGUFValueType(field.types[0])
     if vtype == GGUFValueType.ARRAY:
         sub = GGUFValueType(field.types[1])
@@ -45,7 +45,7 @@ def rewrite_gguf(
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         seen.add(key)
-        value, vtype, sub = _field_value(field)
+        value, vtype, sub = field_value(field)
         if key in overrides:
             new = overrides[key]
             if new is DROP:
