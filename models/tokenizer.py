@@ -271,6 +271,14 @@ _QWEN2 = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# gpt-4o / llama4 (Phi-4-mini): llama.cpp's rewrite of the o200k regex, case classes as lookaheads
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _BLOOM = r" ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{964}\x{6D4}\x{60C})]+"
 # The deepseek classes below run through std::wregex, where non-ASCII white space never reaches a range.
 # Non-ASCII characters are written as escapes: an editor's Unicode normalization would silently change
@@ -282,6 +290,7 @@ _REGEXES: dict[str, tuple[str, ...]] = {
     "starcoder": (r"\p{N}", _GPT2),
     "llama3": (_LLAMA3,),
     "qwen2": (_QWEN2,),
+    "gpt4o": (_GPT4O,),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"),
     "deepseek-llm": (
         r"[\r\n]",
@@ -347,6 +356,7 @@ _PRE_TYPES: dict[str, _Pre] = {
     **_pres("bloom gpt3-finnish", _Pre("bloom")),
     "poro-chat": _Pre("bloom", clean_spaces=False),
     "viking": _Pre("viking", clean_spaces=False),
+    **_pres("gpt-4o llama4", _Pre("gpt4o", clean_spaces=False)),
 }  # fmt: skip
 SUPPORTED_PRE_TOKENIZERS = frozenset(_PRE_TYPES)
 

@@ -188,6 +188,7 @@ PRE_NAMES = [
     "bloom",
     "poro-chat",
     "viking",
+    "gpt-4o",  # Phi-4-mini (arch phi3)
 ]
 
 
