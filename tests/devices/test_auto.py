@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGUFValueType
 
 from edge.api import load
 from edge.bench import BenchConfig, run_bench
@@ -32,10 +33,14 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def refused(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A llama file with Llama 3.1's RoPE frequency factors: llama.cpp runs it, the own graphs refuse it."""
-    factors = np.linspace(1.0, 8.0, TinySpec().head_dim // 2, dtype=np.float32)
-    out = tmp_path_factory.mktemp("refused") / "rope_freqs.gguf"
-    return rewrite_gguf(tiny, out, extra_tensors={"rope_freqs.weight": factors})
+    """A llama file with YaRN RoPE scaling: llama.cpp runs it, the own graphs refuse it."""
+    out = tmp_path_factory.mktemp("refused") / "yarn.gguf"
+    yarn = {
+        "llama.rope.scaling.type": ("yarn", GGUFValueType.STRING),
+        "llama.rope.scaling.factor": (4.0, GGUFValueType.FLOAT32),
+        "llama.rope.scaling.original_context_length": (512, GGUFValueType.UINT32),
+    }
+    return rewrite_gguf(tiny, out, yarn)
 
 
 def _record(
@@ -110,7 +115,7 @@ def test_one_candidate_needs_no_measurement(tiny: Path) -> None:
 def test_a_file_the_own_graphs_refuse_goes_to_llama_cpp(refused: Path) -> None:
     c = choose_backend(refused, available=ALL)
     assert (c.backend, c.source) == ("llamacpp", "refused")
-    assert c.note is not None and "rope_freqs.weight" in c.note and "llama.cpp runs it" in c.note
+    assert c.note is not None and "'yarn'" in c.note and "llama.cpp runs it" in c.note
     with load(str(refused), n_ctx=64, n_threads=1) as m:  # auto is the default
         assert m.placement.backend == "llamacpp" and m.placement.auto is not None
         assert np.isfinite(m.decoder.forward([1, 2, 3])).all()

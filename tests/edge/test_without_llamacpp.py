@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from gguf import GGUFValueType
 
 from tests.reliability.ggufs import rewrite_gguf
 from tests.shared_cache import pull_named_models, share_models
@@ -87,12 +87,12 @@ def test_what_needs_llama_cpp_says_how_to_install_it(cache: Path, tiny: Path, tm
         edge_without_llamacpp(cache, "run", str(tiny), "w1", "--backend", "llamacpp", "--max-tokens", "2"),
         "llamacpp",
     )
-    # the own graphs refuse Llama 3.1's RoPE frequency factors: only llama.cpp would run this file
-    factors = np.linspace(1.0, 8.0, TinySpec().head_dim // 2, dtype=np.float32)
-    refused = rewrite_gguf(tiny, tmp_path / "rope_freqs.gguf", extra_tensors={"rope_freqs.weight": factors})
+    # the own graphs refuse YaRN RoPE scaling: only llama.cpp would run this file
+    yarn = {"llama.rope.scaling.type": ("yarn", GGUFValueType.STRING)}
+    refused = rewrite_gguf(tiny, tmp_path / "yarn.gguf", yarn)
     assert_install_hint(
         edge_without_llamacpp(cache, "run", str(refused), "w1", "--max-tokens", "2"),
-        "rope_freqs.weight",
+        "'yarn'",
         "only llama.cpp runs this file",
     )
     # reference comparisons: eval's default reference is llama.cpp, bench can name it
