@@ -25,23 +25,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.sample_code import CODE  # noqa: E402
 from edge.api import load  # noqa: E402
 from edge.generate import GenerationConfig  # noqa: E402
 from edge.speculative import SpeculativeDecoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-CODE = """def load(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                rows.append(line.split(","))
-    return rows
-
-
-def total(rows, col):
-    return sum(float(r[col]) for r in rows)
-"""
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome, with a docstring.",
     "Write a Python function that parses an ISO 8601 date string into a datetime object.",

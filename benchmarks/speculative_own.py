@@ -26,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.sample_code import CODE_LONGER  # noqa: E402
 from edge.api import load  # noqa: E402
 from edge.drafters import open_drafters  # noqa: E402
 from edge.generate import GenerationConfig  # noqa: E402
@@ -34,24 +35,6 @@ from edge.speculative import SpecConfig, SpeculativeDecoding  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = "qwen2.5-coder-1.5b"
-CODE = """def load(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                rows.append(line.split(","))
-    return rows
-
-
-def total(rows, col):
-    return sum(float(r[col]) for r in rows)
-
-
-def average(rows, col):
-    if not rows:
-        return 0.0
-    return total(rows, col) / len(rows)
-"""
 PROMPTS = {
     "code": [
         "Write a Python function that parses an ISO 8601 date string into a datetime object without using "
@@ -60,8 +43,8 @@ PROMPTS = {
         "Write a Python function that merges overlapping intervals in a list, with a docstring.",
     ],
     "edit": [
-        f"Rename the function total to column_sum everywhere in this code and return the whole code:\n\n{CODE}",
-        f"Add type hints to every function in this code and return the whole code:\n\n{CODE}",
+        f"Rename the function total to column_sum everywhere in this code and return the whole code:\n\n{CODE_LONGER}",
+        f"Add type hints to every function in this code and return the whole code:\n\n{CODE_LONGER}",
     ],
     "chat": [
         "Tell me a short story about a lighthouse keeper and a storm.",

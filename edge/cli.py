@@ -59,8 +59,7 @@ def _draft_json(draft: Any, backend: str, precision: str | None, args: argparse.
 
 def cmd_run(args: argparse.Namespace) -> int:
     from edge.api import load
-    from edge.generate import GenerationConfig
-    from edge.sampling import SamplingConfig
+    from edge.options import GenerateOptions
 
     positional: list[str] = args.args
     if len(positional) > 2:
@@ -80,15 +79,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             return _open_chat(model, args)  # no prompt on a terminal: the chat app
         prompt = _stdin_text()
 
-    sampling = SamplingConfig(
+    config = GenerateOptions(
+        max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         min_p=args.min_p,
         repeat_penalty=args.repeat_penalty,
         seed=args.seed,
-    )
-    config = GenerationConfig(max_tokens=args.max_tokens, stop=tuple(args.stop or ()), sampling=sampling)
+        stop=tuple(args.stop or ()),
+    ).config()
     with load(
         model,
         backend=args.backend,
