@@ -8,7 +8,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from edge import __version__
@@ -368,117 +367,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 # -- edge bench / eval ----------------------------------------------------------------------------
-def cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from edge.bench import BenchConfig, run_bench, total_steps
-    from edge.bench_report import batch_lines, bench_table, partition_lines, write_plot
-
-    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
-    if "all" in backends:  # every backend --backend auto chooses between that runs here
-        from edge.devices.auto import available_backends
-
-        backends = tuple(
-            dict.fromkeys(x for b in backends for x in (available_backends() if b == "all" else [b]))
-        )
-    cfg = BenchConfig(
-        backends=backends,
-        against=args.against,
-        device=args.device,
-        prompt_tokens=args.prompt_tokens,
-        gen_tokens=args.gen_tokens,
-        repeat=args.repeat,
-        threads=args.threads,
-        draft=args.draft,
-        draft_device=args.draft_device,
-        draft_k=args.draft_k,
-        plans=tuple(args.plan or ()),
-        precision=args.precision,
-    )
-    err = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
-    with Progress(
-        *columns,
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        refresh_per_second=2,  # a quiet redraw thread: it shares the cores being measured
-        disable=not err.is_terminal,
-    ) as bar:
-        task = bar.add_task("bench", total=total_steps(cfg))
-
-        def step(what: str, done: int) -> None:
-            bar.update(task, description=what, completed=done)
-
-        bench = run_bench(args.model, cfg, on_step=step)
-    report = bench.to_dict()
-    (err if args.json == "-" else Console()).print(bench_table(report))
-    for line in batch_lines(report) + partition_lines(report):
-        (err if args.json == "-" else Console()).print(line, highlight=False)
-    if bench.draft is not None:
-        (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
-    for key in ("auto", "auto_record"):  # which backend auto benched and why; that auto now reads this run
-        if key in bench.notes:
-            err.print(bench.notes[key], highlight=False)
-    if args.plot:
-        write_plot(report, args.plot)
-        err.print(f"plot written to {args.plot}")
-    if args.json == "-":
-        print(json.dumps(report))
-    elif args.json:
-        _write_json(args.json, report)
-        err.print(f"JSON written to {args.json}")
-    return 0
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from edge.evaluate import EvalConfig, evaluate
-
-    cfg = EvalConfig(
-        backend=args.backend,
-        reference=args.reference,
-        device=args.device,
-        tokens=args.tokens,
-        text=args.text,
-        threads=args.threads,
-        test_chunk=args.test_chunk,
-        precision=args.precision,
-        reference_precision=args.reference_precision,
-    )
-    err = Console(stderr=True)
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("teacher-forcing", total=cfg.tokens)
-        result = evaluate(args.model, cfg, lambda done, _total: bar.update(task, completed=done))
-    out = result.to_dict()
-    if args.json:
-        print(json.dumps(out))
-        return 0
-    m = result.metrics
-    print(
-        f"{out['model']}: {result.backend} ({result.test_chunk} token(s) per forward) vs {cfg.reference} "
-        f"({cfg.chunk} per forward) over {m.tokens} tokens of {out['text']}\n"
-        f"  perplexity    {m.ppl:.4f} (reference {m.ppl_ref:.4f})\n"
-        f"  KL(ref||test) mean {m.kl_mean:.3g} nats, p99 {m.kl_p99:.3g}\n"
-        f"  top-1 agree   {100 * m.top1_agree:.2f}%\n"
-        f"  RMS dp        {m.rms_dp:.3g} (change of the correct token's probability)"
-    )
-    return 0
-
-
-def _write_json(path: str, obj: object) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2)
-            fh.write("\n")
-    except OSError as exc:
-        raise EdgeError(f"cannot write {path}: {exc}") from None
-
-
-# -- parser ----------------------------------------------------------------------------------------
 def _placement_args(p: argparse.ArgumentParser) -> None:
     """--device, --backend and --fallback, the same for `edge run` and `edge chat`."""
     p.add_argument(
@@ -581,75 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
     pul.add_argument("--force", action="store_true", help="fetch again even if present")
     pul.set_defaults(func=cmd_pull)
 
-    ben = sub.add_parser("bench", help="speed and memory of backends on a model, side by side")
-    ben.add_argument("model", help="catalog name or .gguf path")
-    ben.add_argument(
-        "--backends",
-        default="auto",
-        help="comma-separated; auto: the one --backend auto runs the model on (default); all: llamacpp, ort "
-        "and openvino where installed. A run of two or more of them is what --backend auto decides by",
-    )
-    ben.add_argument(
-        "--against",
-        default=None,
-        help="backend the ratios are relative to (default: the first of --backends)",
-    )
-    ben.add_argument(
-        "--plan",
-        action="append",
-        metavar="DEVICE",
-        help="also measure a device plan, e.g. hetero:openvino:cpu,ort:cpu or npu-emulated (repeatable); "
-        "reports each partition's time",
-    )
-    ben.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
-    _precision_arg(ben)
-    ben.add_argument("--prompt-tokens", type=int, default=128)
-    ben.add_argument("--gen-tokens", type=int, default=128)
-    ben.add_argument("--repeat", type=int, default=5, help="rounds, backends interleaved (default 5)")
-    ben.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    ben.add_argument(
-        "--draft", default=None, help="also decode with this draft model (or 'ngram') vs without, same run"
-    )
-    ben.add_argument("--draft-device", default="cpu", help="[backend:]device of the draft (default cpu)")
-    ben.add_argument("--draft-k", type=int, default=16, help="most tokens drafted per step (default 16)")
-    ben.add_argument(
-        "--json", metavar="FILE", default=None, help="write one JSON object to FILE ('-': stdout)"
-    )
-    ben.add_argument("--plot", metavar="FILE", default=None, help="write a PNG bar chart to FILE")
-    ben.set_defaults(func=cmd_bench)
-
-    ev = sub.add_parser("eval", help="perplexity and KL of a backend against a reference backend")
-    ev.add_argument("model", help="catalog name, .gguf path or artifact directory (edge convert -o DIR)")
-    ev.add_argument("--backend", default=None, help="default llamacpp; an artifact: its target")
-    ev.add_argument(
-        "--reference",
-        default="llamacpp",
-        help="a backend, or an artifact directory of the same model (any quantization: same tokenizer)",
-    )
-    ev.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
-    _precision_arg(ev)
-    ev.add_argument(
-        "--reference-precision",
-        choices=("fast", "exact"),
-        default="fast",
-        help="the reference backend's precision (default fast)",
-    )
-    ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")
-    ev.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
-    ev.add_argument("--threads", type=int, default=None)
-    ev.add_argument(
-        "--test-chunk",
-        type=int,
-        default=None,
-        metavar="N",
-        help="feed the tested backend N tokens per forward (1: its decode path; the reference stays batched)",
-    )
-    ev.add_argument("--json", action="store_true", help="print one JSON object")
-    ev.set_defaults(func=cmd_eval)
-
     from edge.convert_cli import add_parser as add_convert
+    from edge.measure_cli import add_parsers as add_measure
     from edge.server.cli import add_parser as add_serve
 
+    add_measure(sub)
     add_convert(sub)
     add_serve(sub)
     return parser
