@@ -49,8 +49,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cached: list[int] = []
     same: list[list[bool]] = [[] for _ in QUESTIONS]
     with (
-        edge.load(args.model, n_threads=args.threads) as warm,
-        edge.load(args.model, n_threads=args.threads) as cold,
+        edge.load(args.model, backend=args.backend, n_threads=args.threads) as warm,
+        edge.load(args.model, backend=args.backend, n_threads=args.threads) as cold,
     ):
         warm.generate("Hello", max_tokens=4)  # first-call costs (buffers, page cache) out of the way
         cold.generate("Hello", max_tokens=4)
@@ -134,6 +134,9 @@ def markdown(report: dict[str, Any], date: str, command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="TTFT per chat turn with and without KV reuse")
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument(
+        "--backend", default="llamacpp", help="llamacpp (the recorded figures) | ort | openvino | auto"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--answer-tokens", type=int, default=64)

@@ -32,6 +32,7 @@ def score(model: str, seeds: int, max_tokens: int) -> dict[str, object]:
     rows = []
     t0 = time.perf_counter()
     with edge.load(model) as m:
+        backend = m.backend
         for q, keys in QUESTIONS:
             for seed in range(seeds):
                 text = m.generate(q, max_tokens=max_tokens, seed=seed, reuse=False, **SAMPLING).text
@@ -39,6 +40,7 @@ def score(model: str, seeds: int, max_tokens: int) -> dict[str, object]:
     right = sum(r["right"] for r in rows)
     return {
         "model": model,
+        "backend": backend,  # what --backend auto ran it on (edge run's default)
         "right": right,
         "asked": len(rows),
         "seconds": time.perf_counter() - t0,

@@ -344,9 +344,16 @@ def main() -> int:
     started = time.time()
     load_start = round(psutil.getloadavg()[0], 2)
 
-    model = load(TARGET, n_ctx=2048, n_threads=args.threads)
+    # llama.cpp for both, named: auto would pick per model, and auto drafts are measured in speculative_own.py
+    model = load(TARGET, backend="llamacpp", draft="none", n_ctx=2048, n_threads=args.threads)
     drafter = open_drafter(
-        DRAFT, model.tokenizer, model.name, model.decoder.vocab_size, n_ctx=2048, n_threads=args.threads
+        DRAFT,
+        model.tokenizer,
+        model.name,
+        model.decoder.vocab_size,
+        device="llamacpp:cpu",
+        n_ctx=2048,
+        n_threads=args.threads,
     )
     assert isinstance(drafter, ModelDrafter)
     report: dict[str, Any] = {

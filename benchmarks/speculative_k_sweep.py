@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    model = load(bench.TARGET, n_ctx=4096, n_threads=args.threads)
+    model = load(bench.TARGET, backend="llamacpp", draft="none", n_ctx=4096, n_threads=args.threads)
     ids = model.prompt_ids(bench.EDIT_PROMPT)
     cfg = GenerationConfig(max_tokens=args.tokens)
     variants: dict[str, Any] = {

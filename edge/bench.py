@@ -431,6 +431,7 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
             repeat=cfg.repeat,
             n_ctx=cfg.n_ctx + cfg.draft_k,
             threads=cfg.threads,
+            precision=cfg.precision,
         )
 
     # Other work on the machine skews every figure; the load average says how busy it was.
@@ -490,9 +491,16 @@ def _resolve_auto(cfg: BenchConfig, path: Path) -> tuple[BenchConfig, str | None
     return replace(cfg, backends=backends, against=against), choice.explain()
 
 
+# the shortest bench run whose rates --backend auto takes (its reference request is 128 + 128 tokens)
+AUTO_MIN_PROMPT, AUTO_MIN_GEN = 64, 32
+
+
 def _record_for_auto(path: Path, cfg: BenchConfig, results: Sequence[BackendResult]) -> bool:
-    """Hand this run's medians to `--backend auto` (a GGUF on the CPU, two or more of its backends)."""
+    """Hand this run's medians to `--backend auto` (a GGUF on the CPU, two or more of its backends, runs long
+    enough for a rate: a quick smoke run must not replace the measurement auto decides by)."""
     if cfg.device != "cpu" or is_artifact(path):
+        return False
+    if cfg.prompt_tokens < AUTO_MIN_PROMPT or cfg.gen_tokens < AUTO_MIN_GEN:
         return False
     speeds = {
         r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median)

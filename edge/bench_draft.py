@@ -83,10 +83,14 @@ def measure_draft(
     repeat: int,
     n_ctx: int,
     threads: int | None,
+    precision: str = "fast",
 ) -> DraftBenchResult:
-    """Decode `gen_tokens` greedy tokens `repeat` times without and with the draft, alternating the order."""
+    """Decode `gen_tokens` greedy tokens `repeat` times without and with the draft, alternating the order.
+    Greedy generations are drafted whatever the draft spec (what `--draft ngram|MODEL` does; `--draft auto`
+    at --precision fast leaves them alone in run/chat/serve), and `same_tokens` says whether they agreed."""
     spec_cfg = SpecConfig(k_max=draft_k)
-    target = open_decoder(backend, path, device, DecoderOptions(n_ctx=n_ctx, n_threads=threads))
+    dopts = DecoderOptions(n_ctx=n_ctx, n_threads=threads, precision=precision)
+    target = open_decoder(backend, path, device, dopts)
     try:
         drafters = open_drafters(
             draft,
@@ -98,9 +102,11 @@ def measure_draft(
             device=draft_device,
             n_ctx=n_ctx,
             n_threads=threads,
+            precision=precision,
         )
         if not drafters:
-            raise ValueError(f"--draft {draft} drafts nothing on {backend} (auto is off on llama.cpp)")
+            why = "nothing to compare" if draft in ("", "none") else "auto is off on llama.cpp"
+            raise ValueError(f"--draft {draft} drafts nothing on {backend} ({why})")
         spec = SpeculativeDecoding(target, drafters, spec_cfg)  # closes the drafters
         try:
             gen_cfg = GenerationConfig(max_tokens=gen_tokens, ignore_eos=True)

@@ -16,7 +16,8 @@ from edge.errors import EdgeError
 # --draft of run, chat and serve (edge.drafters.open_drafters)
 DRAFT_HELP = (
     "speculative decoding: auto (default: prompt lookup, plus a compatible draft model already pulled, on the "
-    "own-graph backends ort/openvino), none, ngram, or a draft model (catalog name or .gguf path)"
+    "own-graph backends ort/openvino; greedy generations are drafted only at --precision exact), none, ngram, "
+    "or a draft model (catalog name or .gguf path)"
 )
 EXIT_ERROR = 1
 EXIT_USAGE = 2

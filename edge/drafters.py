@@ -6,6 +6,7 @@ several drafters in turn (`--draft auto`: prompt lookup, then a draft model wher
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from edge.devices.base import Decoder, rollback_limit
-from edge.errors import VocabMismatchError
+from edge.errors import EdgeError, VocabMismatchError
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
 from edge.session import common_prefix
 
@@ -31,6 +32,8 @@ __all__ = [
     "open_drafter",
     "open_drafters",
 ]
+
+log = logging.getLogger(__name__)
 
 # As llama.cpp's common_speculative_are_compatible: vocabularies may differ in size by this much (padding,
 # added tokens), and the first few ids (special tokens that differ between fine-tunes) are not compared.
@@ -304,7 +307,7 @@ def open_drafter(
     check_vocab_compatible(target_tokenizer, load_tokenizer(gguf.metadata), target_name, name)
     backend, _, dev = device.rpartition(":")
     if backend in ("", AUTO) and dev == "cpu":
-        backend = choose_backend(path, threads=n_threads).backend
+        backend = choose_backend(path, precision=precision, threads=n_threads).backend
     elif backend == AUTO:
         backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
@@ -332,7 +335,7 @@ def auto_draft_model(target_path: Path, target_tokenizer: Tokenizer, target_name
             continue  # cheap refusal before building the tokenizer
         try:
             check_vocab_compatible(target_tokenizer, load_tokenizer(meta), target_name, entry.name)
-        except VocabMismatchError:
+        except EdgeError:  # another vocabulary, or a tokenizer edge refuses: not a draft for this target
             continue
         return entry.name
     return None
@@ -377,17 +380,33 @@ def open_drafters(
     drafters: list[Drafter] = [NgramDrafter()]
     model = auto_draft_model(target_path, target_tokenizer, target_name)
     if model is not None:
-        drafters.append(
-            open_drafter(
-                model,
-                target_tokenizer,
-                target_name,
-                n_vocab,
-                device=f"{target_backend}:cpu",
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                precision=precision,
-                lazy=True,
+        try:  # optional: where the draft model does not fit or does not open, lookup drafts alone
+            _check_draft_fits(model, target_backend, n_ctx)
+            drafters.append(
+                open_drafter(
+                    model,
+                    target_tokenizer,
+                    target_name,
+                    n_vocab,
+                    device=f"{target_backend}:cpu",
+                    n_ctx=n_ctx,
+                    n_threads=n_threads,
+                    precision=precision,
+                    lazy=True,
+                )
             )
-        )
+        except EdgeError as exc:
+            log.warning("--draft auto: no draft model (%s); prompt lookup drafts alone", exc.message)
     return drafters
+
+
+def _check_draft_fits(model: str, backend: str, n_ctx: int) -> None:
+    """InsufficientMemoryError when the draft model would not fit in what the loaded target left free."""
+    from edge.devices.memory import check_fits
+    from edge.devices.registry import estimate_memory
+    from edge.models.store import resolve_model
+
+    path = resolve_model(model, pull_missing=False)
+    need = estimate_memory(backend, path, n_ctx)
+    if need is not None:
+        check_fits(need, model, backend, n_ctx)

@@ -26,6 +26,7 @@ from edge.devices.base import Decoder
 from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
+from edge.drafters import AUTO_DRAFT_BACKENDS
 from edge.errors import DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.chat_template import ChatTemplate, template_from_metadata
@@ -460,9 +461,17 @@ class Model:
         old = self.decoder
         self.decoder, self.placement, self.device_plan = decoder, placement, None
         self.session = self.session.moved_to(decoder)
-        if self.speculative is not None:
-            spec = self.speculative
-            self.speculative = SpeculativeDecoding(decoder, spec.drafters, spec.config, greedy=spec.greedy)
+        spec = self.speculative
+        if spec is not None:
+            auto = self.options.draft == "auto"
+            if auto and placement.backend not in AUTO_DRAFT_BACKENDS:  # as open_drafters would decide there
+                self.speculative = None
+                with contextlib.suppress(Exception):
+                    spec.close()
+            else:
+                self.speculative = SpeculativeDecoding(
+                    decoder, spec.drafters, spec.config, greedy=spec.greedy
+                )
         with contextlib.suppress(Exception):  # the failed backend may not even close cleanly
             old.close()
 
@@ -493,9 +502,11 @@ class Model:
         """Free the model (waits for a running generation)."""
         with self._lock:
             self._closed = True
-            if self.speculative is not None:
-                self.speculative.close()
-            self.decoder.close()
+            try:
+                if self.speculative is not None:
+                    self.speculative.close()
+            finally:
+                self.decoder.close()
 
     def __enter__(self) -> Model:
         return self

@@ -28,8 +28,9 @@ class LoadOptions:
     # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
     available_memory: int | None = None
     # Speculative decoding: auto (prompt lookup, plus a compatible catalog draft model already pulled, on
-    # the own-graph backends; see edge.drafters.open_drafters), none, ngram or a draft model (catalog name
-    # or path); the draft's [backend:]device, and the most tokens drafted per target forward.
+    # the target's own-graph backend; greedy generations are drafted only at precision exact; see
+    # edge.drafters.open_drafters), none, ngram or a draft model (catalog name or path); the named draft's
+    # [backend:]device (auto's runs on the target's backend), and the most tokens drafted per target forward.
     draft: str | None = "auto"
     draft_device: str = "cpu"
     draft_k: int = 16

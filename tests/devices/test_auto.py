@@ -145,7 +145,11 @@ def test_load_runs_and_reports_the_choice(tiny: Path) -> None:
 
 
 def test_edge_bench_records_what_auto_reads(tiny: Path) -> None:
-    cfg = BenchConfig(backends=("llamacpp", "ort"), prompt_tokens=8, gen_tokens=4, repeat=1, threads=1)
+    smoke = BenchConfig(backends=("llamacpp", "ort"), prompt_tokens=8, gen_tokens=4, repeat=1, threads=1)
+    before = choose_backend(tiny, threads=1, available=ALL)
+    assert "auto_record" not in run_bench(str(tiny), smoke).notes  # too short to replace a measurement
+    assert choose_backend(tiny, threads=1, available=ALL).speeds == before.speeds
+    cfg = BenchConfig(backends=("llamacpp", "ort"), prompt_tokens=64, gen_tokens=32, repeat=1, threads=1)
     report = run_bench(str(tiny), cfg)
     assert "auto_record" in report.notes
     speeds = {r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median) for r in report.results}

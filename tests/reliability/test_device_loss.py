@@ -108,3 +108,15 @@ def yield_result(stream):  # type: ignore[no-untyped-def]
             next(stream)
     except StopIteration as stop:
         return stop.value
+
+
+def test_auto_drafts_follow_the_switch(tiny_model: Path, other_model: Path, edge_cache: Path) -> None:
+    """`--draft auto` drafts on the own graphs only: when one fails and the model moves to llama.cpp (the CPU's
+    takeover for both), its drafts are dropped there, as open_drafters would decide on llama.cpp."""
+    for kind in ("ort", "openvino"):
+        with load(str(tiny_model), backend=kind, n_ctx=256, n_threads=1, fallback=True) as m:
+            assert m.speculative is not None and m.draft == "ngram"
+            fail_mid_run(m, other_model, tiny_model)
+            assert m.placement.backend == TAKEOVER[kind] == "llamacpp"
+            assert m.speculative is None and m.draft is None
+            assert m.generate(PROMPT, CFG, reuse=False, raw=True).stats.draft is None
