@@ -50,6 +50,7 @@ class GraphOptions:
     fuse: bool = (
         True  # graph_opt's fusion passes for the backend (graph_opt/pipeline.py), weights as imported
     )
+    spin: bool = True  # the runtime's threads spin between runs (devices.registry.DecoderOptions.spin)
 
 
 def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None, fuse: bool, precision: str) -> Path:
@@ -171,7 +172,7 @@ class GraphDecoder(RingDecoder):
         )
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
-        runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent)
+        runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
         self.runner: Runner = make_runner(model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]

@@ -46,6 +46,9 @@ class DecoderOptions:
     n_ctx: int = 4096
     n_threads: int | None = None  # None: the backend's default (physical cores)
     precision: str = "fast"  # fast | exact (llama.cpp has one precision; it ignores this)
+    # False: the runtime's threads sleep between runs instead of spinning (a draft model taking turns with
+    # its target in one process: spinning threads of one session slow the other's next run)
+    spin: bool = True
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -81,6 +84,7 @@ def _graph(backend: str) -> BackendFactory:
             capacity=opts.n_ctx,
             threads=opts.n_threads,
             precision=opts.precision,
+            spin=opts.spin,
         )
         return GraphDecoder(open_gguf(path), graph)
 

@@ -24,6 +24,7 @@ class RunnerOptions:
     threads: int | None = None
     precision: str = "exact"  # exact: fp32 math; fast: int8 activations where the runtime has them
     cache_dir: Path | None = None  # compiled artifacts (OpenVINO blobs, ORT optimized model)
+    spin: bool = True  # ORT: intra-op threads spin between runs (lowest latency for one session alone)
 
 
 class Runner(Protocol):
@@ -74,6 +75,9 @@ class OrtRunner:
         so.intra_op_num_threads = _threads(opts)
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not opts.spin:
+            # measured with a 0.5b draft taking turns with a 1.5b target: a 4-token verify 85 -> 59 ms
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = (
             3  # errors only: ORT's warnings (e.g. on saving the optimized graph) are noise
         )

@@ -311,7 +311,7 @@ def open_drafter(
     elif backend == AUTO:
         backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
-    opts = DecoderOptions(n_ctx, n_threads, precision)
+    opts = DecoderOptions(n_ctx, n_threads, precision, spin=False)  # it takes turns with the target
     decoder = open_decoder(placement.backend, path, placement.device, opts)
     return ModelDrafter(decoder, name, n_vocab, lazy=lazy)
 
