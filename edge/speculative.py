@@ -51,6 +51,7 @@ _EMA_DOWN, _EMA_UP = 0.5, 0.1  # weight of a new cost measurement below / above 
 # draft is tried, and quickly overruled by what is measured
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.8, 1.0
 _EXPLORE_AFTER = 32  # plain steps in a row before drafting is probed again
+PLAIN_FOR_ESTIMATE = 8  # plain steps timed before DraftStats.speedup_estimate compares against them
 
 
 def greedy_guarantee(backend: str, precision: str | None) -> str:
@@ -109,6 +110,7 @@ class DraftStats:
     verify_s: float = 0.0  # target forwards of the rounds with a draft
     step_s: float = 0.0  # whole decode steps: drafting, target forwards, acceptance
     target_step_s: float = 0.0  # measured cost of one plain single-token target step (running average)
+    plain_s: float = 0.0  # whole plain steps (as step_s counts them), for the speedup estimate
     # with several drafters: name -> [drafted, accepted, rounds]
     sources: dict[str, list[int]] = field(default_factory=dict)
 
@@ -129,8 +131,14 @@ class DraftStats:
     @property
     def speedup_estimate(self) -> float | None:
         """Decode rate achieved over the rate of plain single-token steps, both measured in this generation
-        (None when no plain step was timed, e.g. with a fixed k)."""
-        if not self.step_s or not self.target_step_s:
+        as whole steps (sampling and bookkeeping included, so a generation that never drafted reads 1.0);
+        with fewer than PLAIN_FOR_ESTIMATE plain steps, over the target's measured one-token forward. None when
+        neither was timed (a fixed k)."""
+        if not self.step_s:
+            return None
+        if self.plain_steps >= PLAIN_FOR_ESTIMATE:
+            return self.tokens / self.step_s * (self.plain_s / self.plain_steps)
+        if not self.target_step_s:
             return None
         return self.tokens / self.step_s * self.target_step_s
 
@@ -361,6 +369,8 @@ class SpeculativeDecoding:
         if feed:  # the first token, picked from the prefill's row, is not a decode step
             st.tokens += n_ok + 1
             st.step_s += t3 - t0
+            if not draft.tokens:
+                st.plain_s += t3 - t0
         return [*draft.tokens[:n_ok], last]
 
     def draft_stats(self) -> DraftStats:

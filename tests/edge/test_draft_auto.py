@@ -265,3 +265,19 @@ def test_a_draft_model_session_does_not_spin(
     finally:
         drafter.close()
         target.close()
+
+
+def test_speedup_estimate_compares_whole_steps() -> None:
+    """A generation that never drafted reads 1.0 (it used to read ~0.8: whole steps against the bare forward's
+    lower envelope); drafted tokens are weighed against this generation's own plain steps."""
+    from edge.speculative import DraftStats
+
+    plain = DraftStats("ngram", plain_steps=20, tokens=20, step_s=1.0, plain_s=1.0, target_step_s=0.04)
+    assert plain.speedup_estimate == pytest.approx(1.0)
+    # 10 plain steps of 50 ms, then 5 rounds giving 30 tokens in 0.5 s: 40 tokens in 1.0 s vs 20 tok/s plain
+    mixed = DraftStats(
+        "ngram", rounds=5, plain_steps=10, tokens=40, step_s=1.0, plain_s=0.5, target_step_s=0.04
+    )
+    assert mixed.speedup_estimate == pytest.approx(2.0)
+    few = DraftStats("ngram", rounds=3, plain_steps=2, tokens=12, step_s=0.3, plain_s=0.1, target_step_s=0.04)
+    assert few.speedup_estimate == pytest.approx(12 / 0.3 * 0.04)  # too few plain steps: the forward's cost
