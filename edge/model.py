@@ -27,7 +27,7 @@ from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
 from edge.drafters import AUTO_DRAFT_BACKENDS
-from edge.errors import DeviceError, DeviceLostError, EdgeError
+from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.gguf_file import GGUFFile
@@ -360,7 +360,19 @@ class Model:
     ) -> Stream:
         """`keep`: a conversation's system prompt span (kept when older turns leave the window), None for a
         single prompt (too long for the context stays an error)."""
+        if keep is None:
+            self._check_prompt_fits(ids)
         return Stream(self.stream_ids(ids, config, cancel=cancel_poller(cancel), reuse=reuse, keep=keep))
+
+    def _check_prompt_fits(self, ids: Sequence[int]) -> None:
+        """A single prompt must fit the KV whole, on every backend: an own graph's ring buffer would otherwise
+        drop the prompt's start before the model answered (llama.cpp's linear cache refuses it itself)."""
+        capacity = self.decoder.kv_fill().capacity
+        if len(ids) >= capacity:
+            raise ContextOverflowError(
+                f"the prompt has {len(ids)} tokens but the context holds {capacity} (one more is needed to answer)",
+                hint="shorten the prompt or raise --ctx-size",
+            )
 
     def stream_ids(
         self,
