@@ -188,6 +188,13 @@ class AdaptiveK:
         self.draft_s: float | None = None  # seconds per drafted token (running average)
         self._idle = 0  # rounds in a row chosen plain
 
+    def new_generation(self) -> None:
+        """Forget the acceptance evidence (another prompt drafts differently) but keep the measured costs:
+        they belong to the models and the machine, and re-measuring them probed a draft model that does not
+        pay once per generation."""
+        self.hits, self.misses = 0.0, 0.0
+        self._idle = 0
+
     @property
     def alpha(self) -> float:
         return (self.hits + _PRIOR_WEIGHT * _PRIOR_ALPHA) / (self.hits + self.misses + _PRIOR_WEIGHT)
@@ -314,7 +321,8 @@ class SpeculativeDecoding:
         self._sampling = sampling
         self._rng = np.random.default_rng(sampling.seed)
         self._row = logits
-        self._new_choosers()
+        for ch in self.choosers:
+            ch.new_generation()
         self.stats = DraftStats(self.name)
         for d in self.drafters:
             d.begin(prompt_ids)

@@ -281,3 +281,28 @@ def test_speedup_estimate_compares_whole_steps() -> None:
     assert mixed.speedup_estimate == pytest.approx(2.0)
     few = DraftStats("ngram", rounds=3, plain_steps=2, tokens=12, step_s=0.3, plain_s=0.1, target_step_s=0.04)
     assert few.speedup_estimate == pytest.approx(12 / 0.3 * 0.04)  # too few plain steps: the forward's cost
+
+
+def test_costs_outlive_a_generation_and_evidence_does_not(
+    files: dict[str, Path], tokenizer: Tokenizer, edge_cache: Path
+) -> None:
+    """The measured verify and draft costs belong to the models and the machine: a new generation keeps them
+    (re-measuring probed a draft model that does not pay once per generation), and forgets acceptance."""
+    import numpy as np
+
+    opts = GraphOptions(backend="ort", threads=1, capacity=256, precision="exact")
+    target = GraphDecoder(open_gguf(files["target"]), opts)
+    try:
+        decoding = SpeculativeDecoding(target, [NgramDrafter()], SpecConfig(k_max=4))
+        gen = Generation(
+            target, tokenizer, PROMPT, GenerationConfig(max_tokens=60, ignore_eos=True), decoding=decoding
+        )
+        gen.run()
+        ch = decoding.choosers[0]
+        costs, draft_s = dict(ch.verify), ch.draft_s
+        assert 1 in costs and draft_s is not None and ch.hits + ch.misses > 0
+        decoding.begin(PROMPT, np.zeros(N_VOCAB, dtype=np.float32), SamplingConfig())
+        assert ch.verify == costs and ch.draft_s == draft_s  # kept
+        assert ch.hits == ch.misses == 0.0  # forgotten
+    finally:
+        target.close()
