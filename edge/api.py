@@ -4,7 +4,6 @@ it fits there, and open it as a `Model` (edge/model.py)."""
 from __future__ import annotations
 
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
-from edge.drafters import open_drafters
 from edge.model import Model
 from edge.models.arch import check_block_count
 from edge.models.artifact import is_artifact, open_artifact
@@ -13,7 +12,7 @@ from edge.models.gguf_file import open_gguf
 from edge.models.store import PullProgress, resolve_model
 from edge.models.tokenizer import load_tokenizer
 from edge.options import LoadOptions
-from edge.speculative import SpecConfig, SpeculativeDecoding
+from edge.speculative import open_speculative
 
 __all__ = ["load"]
 
@@ -92,24 +91,19 @@ def load(
         loaded = Model(
             display, path, gguf, tokenizer, decoder, placement, device_plan=opening.plan, options=opts
         )
-        spec = SpecConfig(k_max=draft_k)  # invalid options fail before a draft loads
-        drafters = open_drafters(
+        loaded.speculative = open_speculative(
             draft,
+            decoder,
             tokenizer,
             display,
-            decoder.vocab_size,
             target_backend=placement.backend,
             target_path=path,
-            device=draft_device,
+            draft_device=draft_device,
+            draft_k=draft_k,
             n_ctx=n_ctx,
             n_threads=n_threads,
             precision=precision,
         )
-        if drafters:
-            # auto drafts greedy generations only where a batched verify gives the one-token step's logits
-            # to ~1e-4 (--precision exact): at fast, int8 rounding could flip a near-tie (README)
-            greedy = draft != "auto" or precision == "exact"
-            loaded.speculative = SpeculativeDecoding(decoder, drafters, spec, greedy=greedy)
         return loaded
     except BaseException:
         decoder.close()

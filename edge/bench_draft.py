@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from edge.devices.registry import DecoderOptions, open_decoder
-from edge.drafters import open_drafters
 from edge.generate import Generation, GenerationConfig
 from edge.models.tokenizer import Tokenizer
-from edge.speculative import SpecConfig, SpeculativeDecoding
+from edge.speculative import open_speculative
 
 __all__ = ["DraftBenchResult", "measure_draft"]
 
@@ -88,26 +87,26 @@ def measure_draft(
     """Decode `gen_tokens` greedy tokens `repeat` times without and with the draft, alternating the order.
     Greedy generations are drafted whatever the draft spec (what `--draft ngram|MODEL` does; `--draft auto`
     at --precision fast leaves them alone in run/chat/serve), and `same_tokens` says whether they agreed."""
-    spec_cfg = SpecConfig(k_max=draft_k)
     dopts = DecoderOptions(n_ctx=n_ctx, n_threads=threads, precision=precision)
     target = open_decoder(backend, path, device, dopts)
     try:
-        drafters = open_drafters(
+        spec = open_speculative(
             draft,
+            target,
             tokenizer,
             name,
-            target.vocab_size,
             target_backend=backend,
             target_path=path,
-            device=draft_device,
+            draft_device=draft_device,
+            draft_k=draft_k,
             n_ctx=n_ctx,
             n_threads=threads,
             precision=precision,
+            greedy=True,  # measured on greedy decoding, whatever auto's policy
         )
-        if not drafters:
+        if spec is None:
             why = "nothing to compare" if draft in ("", "none") else "auto is off on llama.cpp"
             raise ValueError(f"--draft {draft} drafts nothing on {backend} ({why})")
-        spec = SpeculativeDecoding(target, drafters, spec_cfg)  # closes the drafters
         try:
             gen_cfg = GenerationConfig(max_tokens=gen_tokens, ignore_eos=True)
             plain_rates: list[float] = []

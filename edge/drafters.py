@@ -27,7 +27,7 @@ __all__ = [
     "Drafter",
     "ModelDrafter",
     "NgramDrafter",
-    "auto_draft_model",
+    "auto_drafts_on",
     "check_vocab_compatible",
     "open_drafter",
     "open_drafters",
@@ -294,8 +294,9 @@ def open_drafter(
         return NgramDrafter()
     from edge.devices.auto import AUTO, choose_backend
     from edge.devices.discovery import discover
+    from edge.devices.memory import check_fits
     from edge.devices.placement import place
-    from edge.devices.registry import DecoderOptions, open_decoder
+    from edge.devices.registry import DecoderOptions, estimate_memory, open_decoder
     from edge.models.catalog import CATALOG
     from edge.models.gguf_file import open_gguf
     from edge.models.store import resolve_model
@@ -311,34 +312,37 @@ def open_drafter(
     elif backend == AUTO:
         backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
+    need = estimate_memory(placement.backend, path, n_ctx)
+    if need is not None:  # sized against what the loaded target left free
+        check_fits(need, name, placement.backend, n_ctx)
     opts = DecoderOptions(n_ctx, n_threads, precision, spin=False)  # it takes turns with the target
     decoder = open_decoder(placement.backend, path, placement.device, opts)
     return ModelDrafter(decoder, name, n_vocab, lazy=lazy)
 
 
-def auto_draft_model(target_path: Path, target_tokenizer: Tokenizer, target_name: str) -> str | None:
-    """The smallest catalog model already on this machine (never a download) that can draft for the target:
-    the same vocabulary, and a file at most AUTO_DRAFT_MAX_SIZE of the target's. None when there is none."""
+def auto_drafts_on(backend: str) -> bool:
+    """Whether `--draft auto` drafts for a target on `backend` (AUTO_DRAFT_BACKENDS says why)."""
+    return backend in AUTO_DRAFT_BACKENDS
+
+
+def _auto_candidates(target_path: Path, target_vocab: int) -> list[str]:
+    """Catalog models already on this machine (never a download), smallest first, at most AUTO_DRAFT_MAX_SIZE
+    of the target's file, whose vocabulary has about the target's size (read from the metadata, so no
+    tokenizer is built for a model of another family; open_drafter checks the vocabulary itself)."""
     from edge.models.catalog import CATALOG
     from edge.models.gguf_file import open_gguf
     from edge.models.store import is_verified, model_path
-    from edge.models.tokenizer import load_tokenizer
 
     size = target_path.stat().st_size
+    out = []
     for entry in sorted(CATALOG.values(), key=lambda e: e.size):
         path = model_path(entry)
         if entry.size > AUTO_DRAFT_MAX_SIZE * size or not is_verified(entry) or path == target_path:
             continue
-        meta = open_gguf(path).metadata
-        n_tokens = len(meta.get("tokenizer.ggml.tokens", ()))
-        if abs(n_tokens - target_tokenizer.vocab_size) > VOCAB_MAX_SIZE_DIFFERENCE:
-            continue  # cheap refusal before building the tokenizer
-        try:
-            check_vocab_compatible(target_tokenizer, load_tokenizer(meta), target_name, entry.name)
-        except EdgeError:  # another vocabulary, or a tokenizer edge refuses: not a draft for this target
-            continue
-        return entry.name
-    return None
+        n_tokens = len(open_gguf(path).metadata.get("tokenizer.ggml.tokens", ()))
+        if abs(n_tokens - target_vocab) <= VOCAB_MAX_SIZE_DIFFERENCE:
+            out.append(entry.name)
+    return out
 
 
 def open_drafters(
@@ -375,13 +379,11 @@ def open_drafters(
                 precision=precision,
             )
         ]
-    if target_backend not in AUTO_DRAFT_BACKENDS:
+    if not auto_drafts_on(target_backend):
         return []
     drafters: list[Drafter] = [NgramDrafter()]
-    model = auto_draft_model(target_path, target_tokenizer, target_name)
-    if model is not None:
+    for model in _auto_candidates(target_path, target_tokenizer.vocab_size):
         try:  # optional: where the draft model does not fit or does not open, lookup drafts alone
-            _check_draft_fits(model, target_backend, n_ctx)
             drafters.append(
                 open_drafter(
                     model,
@@ -395,18 +397,10 @@ def open_drafters(
                     lazy=True,
                 )
             )
+            break
+        except VocabMismatchError:  # another family after all: the next candidate
+            continue
         except EdgeError as exc:
             log.warning("--draft auto: no draft model (%s); prompt lookup drafts alone", exc.message)
+            break
     return drafters
-
-
-def _check_draft_fits(model: str, backend: str, n_ctx: int) -> None:
-    """InsufficientMemoryError when the draft model would not fit in what the loaded target left free."""
-    from edge.devices.memory import check_fits
-    from edge.devices.registry import estimate_memory
-    from edge.models.store import resolve_model
-
-    path = resolve_model(model, pull_missing=False)
-    need = estimate_memory(backend, path, n_ctx)
-    if need is not None:
-        check_fits(need, model, backend, n_ctx)

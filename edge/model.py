@@ -26,7 +26,7 @@ from edge.devices.base import Decoder
 from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
-from edge.drafters import AUTO_DRAFT_BACKENDS
+from edge.drafters import auto_drafts_on
 from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.chat_template import ChatTemplate, template_from_metadata
@@ -476,7 +476,7 @@ class Model:
         spec = self.speculative
         if spec is not None:
             auto = self.options.draft == "auto"
-            if auto and placement.backend not in AUTO_DRAFT_BACKENDS:  # as open_drafters would decide there
+            if auto and not auto_drafts_on(placement.backend):  # as open_drafters decides
                 self.speculative = None
                 with contextlib.suppress(Exception):
                     spec.close()

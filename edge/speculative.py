@@ -20,13 +20,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge.devices.base import Decoder, rollback_limit
 from edge.drafters import Draft, Drafter
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
+
+if TYPE_CHECKING:
+    from edge.models.tokenizer import Tokenizer
 
 __all__ = [
     "AcceptRule",
@@ -35,6 +39,7 @@ __all__ = [
     "SpecConfig",
     "SpeculativeDecoding",
     "greedy_guarantee",
+    "open_speculative",
     "rejection_rule",
 ]
 
@@ -52,6 +57,46 @@ _EMA_DOWN, _EMA_UP = 0.5, 0.1  # weight of a new cost measurement below / above 
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.8, 1.0
 _EXPLORE_AFTER = 32  # plain steps in a row before drafting is probed again
 PLAIN_FOR_ESTIMATE = 8  # plain steps timed before DraftStats.speedup_estimate compares against them
+
+
+def open_speculative(
+    draft: str | None,
+    target: Decoder,
+    tokenizer: Tokenizer,
+    target_name: str,
+    *,
+    target_backend: str,
+    target_path: Path,
+    draft_device: str = "cpu",
+    draft_k: int = 16,
+    n_ctx: int = 4096,
+    n_threads: int | None = None,
+    precision: str = "fast",
+    greedy: bool | None = None,
+) -> SpeculativeDecoding | None:
+    """Speculative decoding as `--draft` asks (edge.drafters.open_drafters), or None where nothing drafts.
+    `greedy`: whether greedy generations draft; None: the policy, which leaves them alone only for auto at
+    --precision fast (int8 rounding of a batched verify could flip a near-tie: README)."""
+    from edge.drafters import open_drafters
+
+    config = SpecConfig(k_max=draft_k)  # invalid options fail before a draft loads
+    drafters = open_drafters(
+        draft,
+        tokenizer,
+        target_name,
+        target.vocab_size,
+        target_backend=target_backend,
+        target_path=target_path,
+        device=draft_device,
+        n_ctx=n_ctx,
+        n_threads=n_threads,
+        precision=precision,
+    )
+    if not drafters:
+        return None
+    if greedy is None:
+        greedy = draft != "auto" or precision == "exact"
+    return SpeculativeDecoding(target, drafters, config, greedy=greedy)
 
 
 def greedy_guarantee(backend: str, precision: str | None) -> str:
