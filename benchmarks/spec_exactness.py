@@ -1,6 +1,6 @@
 """Does speculative decoding change greedy output on the own graphs? Same model, same prompts, `--draft auto`'s
 drafters vs no draft, at both precisions; counts identical answers and where the others first differ. (This
-is why auto drafts greedy generations only at --precision exact.)
+is why auto drafts greedy generations only where the decoder is batch-invariant or at --precision exact.)
 
     python benchmarks/spec_exactness.py                       # qwen2.5-coder-0.5b and smollm2-135m on ort
     python benchmarks/spec_exactness.py --models qwen2.5-coder-1.5b --backend openvino --tokens 96
@@ -47,12 +47,14 @@ PROMPTS = [
 ]
 
 
-def run(model: str, backend: str, precision: str, tokens: int) -> list[dict[str, Any]]:
+def run(model: str, backend: str, precision: str, tokens: int) -> tuple[bool, list[dict[str, Any]]]:
+    """(whether the decoder claims batch invariance, per prompt the comparison)."""
     cfg = GenerationConfig(max_tokens=tokens)  # greedy (GenerationConfig's default temperature is 0)
     out = []
     with load(model, backend=backend, precision=precision, n_ctx=2048, draft="auto") as m:
         assert m.speculative is not None, f"--draft auto gave no drafter for {model} on {backend}"
-        # auto's drafters, drafting greedy generations too (auto itself does so only at exact precision)
+        invariant = m.decoder.capabilities().batch_invariant
+        # auto's drafters, drafting greedy generations too (auto itself does not where it could change them)
         spec = SpeculativeDecoding(m.decoder, m.speculative.drafters, m.speculative.config)
         for prompt in PROMPTS:
             m.speculative = spec
@@ -75,7 +77,7 @@ def run(model: str, backend: str, precision: str, tokens: int) -> list[dict[str,
             )
             print(f"  {model} {backend} {precision}: {'same' if first is None else f'differs at {first}'}")
         m.speculative = spec
-    return out
+    return invariant, out
 
 
 def main() -> None:
@@ -83,30 +85,32 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b", "smollm2-135m"])
     ap.add_argument("--backend", default="ort")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tag", default="", help="appended to the result files' names")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     for model in args.models:
         for precision in ("exact", "fast"):
-            res = run(model, args.backend, precision, args.tokens)
+            invariant, res = run(model, args.backend, precision, args.tokens)
             same = sum(r["identical"] for r in res)
             rows.append({"model": model, "backend": args.backend, "precision": precision, "same": same,
-                         "prompts": len(res), "results": res})  # fmt: skip
+                         "prompts": len(res), "batch_invariant": invariant, "results": res})  # fmt: skip
     day = dt.date.today().isoformat()
-    stem = RESULTS / f"spec-exactness-{args.backend}-{day}"
+    stem = RESULTS / f"spec-exactness-{args.backend}-{day}{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
         f"# Greedy output with `--draft auto` vs no draft ({day})",
         "",
         f"`python benchmarks/spec_exactness.py --models {' '.join(args.models)} --backend {args.backend} "
-        f"--tokens {args.tokens}`; {len(PROMPTS)} prompts (code, edits, chat), greedy, {args.tokens} tokens.",
+        f"--tokens {args.tokens}{' --tag ' + args.tag if args.tag else ''}`; {len(PROMPTS)} prompts (code, edits, chat), greedy, {args.tokens} tokens.",
         "",
-        "| model | backend | precision | identical answers | first differences (token index) |",
-        "|---|---|---|---|---|",
+        "| model | backend | precision | batch-invariant | identical answers | first differences (token index) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         diffs = [x["first_difference"] for x in r["results"] if not x["identical"]]
         lines.append(
-            f"| {r['model']} | {r['backend']} | {r['precision']} | {r['same']}/{r['prompts']} | "
+            f"| {r['model']} | {r['backend']} | {r['precision']} | {r['batch_invariant']} | "
+            f"{r['same']}/{r['prompts']} | "
             f"{', '.join(map(str, diffs)) or '-'} |"
         )
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

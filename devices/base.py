@@ -83,6 +83,9 @@ class Capabilities:
     max_rollback: int | None  # rollback(n) always works for n <= this; None: for any n <= position
     sinks: Sinks | None = None
     partitions: Partitions | None = None
+    # A forward of k tokens gives each row the logits k one-token forwards give, bit for bit (staged attention
+    # on a runtime whose kernels are row-invariant): greedy speculative decoding equals plain decoding.
+    batch_invariant: bool = False
 
 
 @runtime_checkable

@@ -12,22 +12,24 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from edge.devices.base import Capabilities
 from edge.devices.registry import check_precision, graph_runner
-from edge.devices.ring_decoder import RingDecoder
+from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions
 from edge.errors import ModelFormatError
+from edge.kvcache.staging import staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
 from edge.models.store import cache_dir
 from edge.models.transformer import BuildOptions, Embedder, build_decoder
 
-GRAPH_FORMAT = 11  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 12  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class GraphOptions:
         True  # graph_opt's fusion passes for the backend (graph_opt/pipeline.py), weights as imported
     )
     spin: bool = True  # the runtime's threads spin between runs (devices.registry.DecoderOptions.spin)
+    # staged attention (kvcache/staging.py; dynamic shapes only); None: on ORT at precision fast, where it makes
+    # a forward's rows batch-invariant (tests/devices/test_batch_invariance.py). Elsewhere it would not: ORT's
+    # exact fp32 MatMulNBits and OpenVINO's int8 kernels take another path for one row.
+    staged: bool | None = None
 
 
 def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None, fuse: bool, precision: str) -> Path:
@@ -169,7 +175,9 @@ class GraphDecoder(RingDecoder):
             accuracy_level=level,
             head_accuracy_level=opts.head_accuracy_level,
             long_rope=cfg.long_rope(opts.capacity),
+            staged=self._staged(opts),
         )
+        self.staged = build.staged
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
@@ -177,20 +185,38 @@ class GraphDecoder(RingDecoder):
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
 
-    def _step(self, ids: Sequence[int], last_only: bool) -> np.ndarray:
+    @staticmethod
+    def _staged(opts: GraphOptions) -> bool:
+        invariant = opts.backend == "ort" and opts.precision == "fast"
+        staged = (invariant and not opts.static_shapes) if opts.staged is None else opts.staged
+        if staged and opts.static_shapes:
+            raise ValueError("staged attention needs dynamic shapes; static_shapes graphs are unstaged")
+        return staged
+
+    def capabilities(self) -> Capabilities:
+        invariant = self.staged and self.backend == "ort" and self.options.precision == "fast"
+        return replace(super().capabilities(), batch_invariant=invariant)
+
+    def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:
         cache = self.cache
         view = cache.begin(len(ids))
         if view.dropped:
             raise self._overflowed()
         rows = np.array([len(ids) - 1] if last_only else range(len(ids)), dtype=np.int64)
-        masks, bound = self._bindings(view)
         feeds: dict[str, np.ndarray] = {
             "hidden": self.embed(ids),
             "positions": view.positions,
             "logit_rows": rows,
-            **masks,
-            **self._past_feeds(range(self.cfg.n_layer), bound),
         }
+        layers = range(self.cfg.n_layer)
+        if self.staged:
+            st = staged_feeds(cache, view, self._mask_layer, SLOT_GRAIN, window=window)
+            feeds.update(st.masks, **self._past_feeds(layers, st.past), stage_index=st.index)
+            for i in layers:
+                feeds[f"stage_key_{i}"], feeds[f"stage_value_{i}"] = st.stage_keys[i], st.stage_values[i]
+        else:
+            masks, bound = self._bindings(view)
+            feeds.update(masks, **self._past_feeds(layers, bound))
         out = self._run(self.runner, feeds, self._outputs)
         cache.commit(out[1::2], out[2::2])
         return out[0][0]  # [r, vocab]

@@ -15,12 +15,13 @@ from edge.devices.base import Capabilities, KVFill
 from edge.devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
 from edge.kvcache import LayerSpec, RingKVCache, StepView
+from edge.kvcache.staging import split_windows, windowed
 from edge.models.arch import ArchConfig
 from edge.models.transformer import layer_kinds
 
-__all__ = ["RingDecoder"]
+__all__ = ["SLOT_GRAIN", "RingDecoder"]
 
-_SLOT_GRAIN = 32
+SLOT_GRAIN = 32
 
 
 class RingDecoder:
@@ -29,6 +30,7 @@ class RingDecoder:
     backend: str
     device: str
     vocab_size: int
+    staged: bool = False  # the graph has staged attention (batch-invariant rows: kvcache/staging.py)
 
     def _init_ring(
         self,
@@ -106,7 +108,7 @@ class RingDecoder:
         if self._bind_all:
             return cap
         used = self.cache.occupied(layer)
-        return min(cap, max(_SLOT_GRAIN, -(-used // _SLOT_GRAIN) * _SLOT_GRAIN))
+        return min(cap, max(SLOT_GRAIN, -(-used // SLOT_GRAIN) * SLOT_GRAIN))
 
     def _bindings(self, view: StepView) -> tuple[dict[str, np.ndarray], dict[int, int]]:
         """A step's mask feeds, and the past slots bound per layer kind (worked out once per kind)."""
@@ -150,7 +152,8 @@ class RingDecoder:
             hint="shorten the prompt or use the 'ring' policy",
         )
 
-    def _step(self, ids: Sequence[int], last_only: bool) -> np.ndarray:
+    def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:
+        """One chunk; `window`: the staged graph's windowed layout (only decoders with `staged` get True)."""
         raise NotImplementedError
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
@@ -166,11 +169,16 @@ class RingDecoder:
                 hint="raise --ctx-size or use the 'ring' policy",
             )
         with self._lock:
+            window = self.staged and windowed(len(toks))
+            # staged: a short forward is also cut at window ends (kvcache/staging.py)
+            cuts = split_windows(self.position, len(toks)) if window else [(0, len(toks))]
+            pieces = [
+                (a, min(a + self.chunk, stop)) for start, stop in cuts for a in range(start, stop, self.chunk)
+            ]
             parts = []
-            for start in range(0, len(toks), self.chunk):
-                final = start + self.chunk >= len(toks)
-                logits = self._step(toks[start : start + self.chunk], last_only)
-                if final or not last_only:
+            for start, stop in pieces:
+                logits = self._step(toks[start:stop], last_only, window=window)
+                if stop == len(toks) or not last_only:
                     parts.append(logits)
             return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 

@@ -44,13 +44,15 @@ def _is_model_arg(value: str) -> bool:
 
 
 # -- edge run --------------------------------------------------------------------------------------
-def _draft_json(draft: Any, backend: str, precision: str | None, args: argparse.Namespace) -> dict[str, Any]:
+def _draft_json(
+    draft: Any, backend: str, precision: str | None, invariant: bool, args: argparse.Namespace
+) -> dict[str, Any]:
     """--json's draft: the statistics, and at temperature 0 what greedy output is promised (README)."""
     from edge.speculative import greedy_guarantee
 
     out: dict[str, Any] = draft.to_dict()
     out["guarantee"] = (
-        greedy_guarantee(backend, precision)
+        greedy_guarantee(backend, precision, invariant)
         if args.temperature == 0
         else "samples from the target's distribution (rejection sampling)"
     )
@@ -120,6 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = result.stats
     # the own graphs' --precision; llama.cpp has one (int8 activations), and ignores the flag
     precision = None if result.backend == "llamacpp" else args.precision
+    invariant = m.decoder.capabilities().batch_invariant  # greedy drafts cannot change the output
     if args.json:
         out = {
             "model": m.name,
@@ -135,7 +138,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             "fallback": result.fallback,
             "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
             "precision": precision,
-            "draft": None if s.draft is None else _draft_json(s.draft, result.backend, precision, args),
+            "draft": None
+            if s.draft is None
+            else _draft_json(s.draft, result.backend, precision, invariant, args),
             "stop_reason": s.stop_reason,
             "seed": args.seed,
         }

@@ -34,7 +34,7 @@ from edge.models.gguf_file import GGUFFile
 from edge.models.tokenizer import Tokenizer
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
 from edge.session import KVSession, KVState, common_prefix
-from edge.speculative import SpeculativeDecoding
+from edge.speculative import SpeculativeDecoding, drafts_greedy
 
 __all__ = ["ChatMessage", "Model", "Result", "Stream"]
 
@@ -481,9 +481,8 @@ class Model:
                 with contextlib.suppress(Exception):
                     spec.close()
             else:
-                self.speculative = SpeculativeDecoding(
-                    decoder, spec.drafters, spec.config, greedy=spec.greedy
-                )
+                greedy = drafts_greedy(self.options.draft, self.options.precision, decoder)
+                self.speculative = SpeculativeDecoding(decoder, spec.drafters, spec.config, greedy=greedy)
         with contextlib.suppress(Exception):  # the failed backend may not even close cleanly
             old.close()
 

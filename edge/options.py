@@ -28,8 +28,8 @@ class LoadOptions:
     # Bytes of memory to assume free when checking that the model fits (tests pin it); None measures it.
     available_memory: int | None = None
     # Speculative decoding: auto (prompt lookup, plus a compatible catalog draft model already pulled, on
-    # the target's own-graph backend; greedy generations are drafted only at precision exact; see
-    # edge.drafters.open_drafters), none, ngram or a draft model (catalog name or path); the named draft's
+    # the target's own-graph backend; greedy generations are drafted only where drafting cannot change them:
+    # edge.speculative.drafts_greedy), none, ngram or a draft model (catalog name or path); the named draft's
     # [backend:]device (auto's runs on the target's backend), and the most tokens drafted per target forward.
     draft: str | None = "auto"
     draft_device: str = "cpu"

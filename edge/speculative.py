@@ -38,6 +38,7 @@ __all__ = [
     "DraftStats",
     "SpecConfig",
     "SpeculativeDecoding",
+    "drafts_greedy",
     "greedy_guarantee",
     "open_speculative",
     "rejection_rule",
@@ -75,8 +76,7 @@ def open_speculative(
     greedy: bool | None = None,
 ) -> SpeculativeDecoding | None:
     """Speculative decoding as `--draft` asks (edge.drafters.open_drafters), or None where nothing drafts.
-    `greedy`: whether greedy generations draft; None: the policy, which leaves them alone only for auto at
-    --precision fast (int8 rounding of a batched verify could flip a near-tie: README)."""
+    `greedy`: whether greedy generations draft; None: `drafts_greedy`."""
     from edge.drafters import open_drafters
 
     config = SpecConfig(k_max=draft_k)  # invalid options fail before a draft loads
@@ -95,14 +95,24 @@ def open_speculative(
     if not drafters:
         return None
     if greedy is None:
-        greedy = draft != "auto" or precision == "exact"
+        greedy = drafts_greedy(draft, precision, target)
     return SpeculativeDecoding(target, drafters, config, greedy=greedy)
 
 
-def greedy_guarantee(backend: str, precision: str | None) -> str:
+def drafts_greedy(draft: str | None, precision: str | None, target: Decoder) -> bool:
+    """Whether greedy generations draft: always for a drafter asked for by name; for auto only where drafting
+    cannot change them: a batch-invariant target (ORT's staged graph at --precision fast: a verify's rows equal
+    one-token decoding bit for bit) or --precision exact (fp32: near-ties within ~1e-4 logits; README)."""
+    return draft != "auto" or precision == "exact" or target.capabilities().batch_invariant
+
+
+def greedy_guarantee(backend: str, precision: str | None, batch_invariant: bool = False) -> str:
     """What greedy speculative decoding promises on this backend (README, "Speculative decoding"): the
     target's own tokens wherever its top two logits are further apart than the difference between its
-    batched (verify) and one-token (decode) logits, which depends on how the backend computes."""
+    batched (verify) and one-token (decode) logits, which depends on how the backend computes; none at all
+    on a batch-invariant decoder."""
+    if batch_invariant:
+        return "identical to the target alone: a batched verify gives each token the logits decoding gives"
     if backend == "llamacpp":
         return (
             "target's tokens except near-ties: llama.cpp's batched verify rounds differently from its decode"

@@ -23,10 +23,11 @@ K/V heads as query heads (a repeat of the past per step) and a BNSH past.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
-from edge.graph_opt._rules import apply_rules, ensure_opset, ints, source_reshape
+from edge.graph_opt._rules import apply_rules, const_array, ensure_opset, ints, source_reshape
 from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["attention"]
@@ -102,9 +103,60 @@ class _SplitAttention(pattern.RewriteRuleClassBase):
         )
 
 
+class _StagedAttention(_SplitAttention):
+    """The staged form (models/transformer.py, "Staged attention"): queries padded by a zero row, the new K/V
+    scattered into the staging window, the padding row dropped from the context. Fused the same way, the
+    padding row kept (ORT's Attention gives bit-identical rows for any query count >= 2, not for 1)."""
+
+    def __init__(self) -> None:
+        pattern.RewriteRuleClassBase.__init__(self, "StagedAttention")
+
+    def pattern(
+        self, op, q5, pad, past_k, new_k, past_v, new_v, mask5, split, starts, ends, axes, steps, out_shape
+    ):  # type: ignore[no-untyped-def]
+        qs = op.Concat(op.Transpose(q5, perm=[0, 2, 3, 1, 4]), pad, axis=3)
+        s_past = op.MatMul(qs, op.Unsqueeze(op.Transpose(past_k, perm=[0, 2, 3, 1]), [2]))
+        s_new = op.MatMul(qs, op.Unsqueeze(op.Transpose(new_k, perm=[0, 2, 3, 1]), [2]))
+        scores = op.Add(op.Concat(s_past, s_new, axis=-1), mask5)
+        p_past, p_new = op.Split(op.Softmax(scores, axis=-1), split, axis=-1, _outputs=2)
+        ctx = op.Add(
+            op.MatMul(p_past, op.Unsqueeze(op.Transpose(past_v, perm=[0, 2, 1, 3]), [2])),
+            op.MatMul(p_new, op.Unsqueeze(op.Transpose(new_v, perm=[0, 2, 1, 3]), [2])),
+        )
+        ctx = op.Slice(ctx, starts, ends, axes, steps)
+        return op.Reshape(op.Transpose(ctx, perm=[0, 3, 1, 2, 4]), out_shape)
+
+    def check(self, context, q5, pad, mask5, out_shape, starts, ends, axes, **_):  # type: ignore[no-untyped-def]
+        result = super().check(context, q5=q5, mask5=mask5, out_shape=out_shape)
+        if not result:
+            return result
+        arr = const_array(pad)
+        if arr is None or arr.ndim != 5 or arr.shape[3] != 1 or np.any(arr != 0):
+            return result.fail("the query padding is not a constant zero row", pad)
+        if (ints(starts), ints(ends), ints(axes)) != ([0], [-1], [3]):
+            return result.fail("the slice does not drop exactly the padding row", axes)
+        return result
+
+    def rewrite(self, op, q5, past_k, new_k, past_v, new_v, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
+        kvh, grp, hd = _head_dims(q5)  # type: ignore[misc]
+        pad = op.Constant(value=ir.tensor(np.zeros((1, 1, kvh * grp * hd), np.float32)))
+        flat = op.Constant(value_ints=[0, 0, -1])
+        out = op.Attention(
+            op.Concat(_query_3d(op, q5), pad, axis=1),
+            op.Reshape(op.Concat(past_k, new_k, axis=1), flat),
+            op.Reshape(op.Concat(past_v, new_v, axis=1), flat),
+            _mask_4d(mask5),
+            q_num_heads=kvh * grp,
+            kv_num_heads=kvh,
+            scale=1.0,
+        )
+        one = op.Constant(value_ints=[1])
+        return op.Slice(out, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]), one, one)
+
+
 @graph_pass("attention", targets=("ort", "openvino"))
 def attention(model: ir.Model, ctx: PassContext) -> int:
     """Split past/new attention (two score matmuls, Concat, mask Add, Softmax, Split, two value matmuls and their
     transposes) -> one ONNX Attention (opset 23, GQA heads) over Concat(past, new) K/V."""
     ensure_opset(model, "", 23)
-    return apply_rules(model, [_SplitAttention.rule()])
+    return apply_rules(model, [_SplitAttention.rule(), _StagedAttention.rule()])

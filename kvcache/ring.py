@@ -287,6 +287,27 @@ class RingKVCache:
         """The slot each absolute position is written to in a layer."""
         return self._slots(self._kinds[self._layer_kind[layer]], np.asarray(positions, np.int64))
 
+    def slot_positions(self, kind: int) -> np.ndarray:
+        """The position each slot of a kind holds, -1 empty (the live array: read, never write)."""
+        return self._slot_pos[kind]
+
+    def gather(self, positions: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """Per layer the K and V [1, n, kvh, hd] of the slots these consecutive positions map to: views of the
+        buffers when the slots are consecutive too, else copies (one numpy take per group). A slot holds whatever
+        was last written there, so callers mask what they did not write; read them before the next commit."""
+        k_out: list[np.ndarray] = [np.empty(0)] * len(self._specs)
+        v_out = list(k_out)
+        pos = np.asarray(positions, np.int64)
+        for g in self._groups:
+            index = _index(self._slots(self._kinds[g.kind], pos))
+            if isinstance(index, slice):  # [n_layers, 1, n, kvh, hd] views (each layer's part contiguous)
+                gk, gv = g.k[:, :, index], g.v[:, :, index]
+            else:  # np.take: C-contiguous copies (runtimes bind inputs by pointer)
+                gk, gv = g.k.take(index, axis=2), g.v.take(index, axis=2)
+            for j, layer in enumerate(g.layers):
+                k_out[layer], v_out[layer] = gk[j], gv[j]
+        return tuple(k_out), tuple(v_out)
+
     # --- the step -----------------------------------------------------------------------------------------
 
     def begin(self, q_len: int, n_tokens: int | None = None) -> StepView:

@@ -12,6 +12,19 @@ kind k: all dynamic; a static-shape device fixes them):
     outputs  logits      float32 [1, r, vocab]    (with the head) else hidden_out [1, q, d]
              new_key_<i>, new_value_<i>  float32 [1, q, kvh, hd]    K (rotated) / V of the new tokens only
 
+Staged attention (`BuildOptions.staged`, w = staging slots): the new tokens' K/V are scattered into a staging
+window first and the queries get one padding row, so a row's columns (past slots ++ staging slots) and every
+matmul's shape class do not depend on how many tokens the step carries:
+
+             stage_key_<i>, stage_value_<i>  float32 [1, w, kvh, hd]   the staging window's K/V (a copy)
+             stage_index int64   [1, q, 2]              (0, staging slot) of each new token
+             mask_<k>    float32 [1, 1, q+1, L_k+w]   over (past slots ++ staging slots); the last row is the
+                                                      padding query's (any finite row)
+
+(MLAS takes another kernel for a one-row matmul, whose sums round differently: the padding row keeps every
+attention matmul at >= 2 rows. Measured: ORT's MatMul and opset-23 Attention give bit-identical rows for any
+row count >= 2 at a fixed column count, not for 1.)
+
 K is cached after RoPE at absolute positions, so the cache may keep slots in any order. RoPE is always the
 NeoX (halves) form in the graph: for families whose GGUF uses adjacent pairs (llama), the Q/K weight rows are
 permuted within each head at import, which leaves q.k unchanged and is exact for quantized rows too.
@@ -44,6 +57,10 @@ class BuildOptions:
     accuracy_level: int = 0  # MatMulNBits accuracy level; 0 = fp32-exact
     head_accuracy_level: int | None = None  # for the lm_head alone (None: accuracy_level)
     long_rope: bool = False  # LongRoPE's long table (KV past the original context: ArchConfig.long_rope)
+    # Batch-invariant attention (see "Staged attention" above): every row attends over the same columns in the
+    # same order whether its forward carries 1 token or a verify batch, so speculative decoding's output
+    # equals one-token decoding bit for bit.
+    staged: bool = False
 
 
 def layer_kinds(cfg: ArchConfig) -> list[int]:
@@ -303,10 +320,14 @@ class _Builder:
             "Transpose", [self.rope(q, rt["cos_q"], rt["sin_q"])], perm=[0, 2, 3, 1, 4]
         )  # [1, kvh, grp, q, hd], scaled
         k = self.rope(k, rt["cos_k"], rt["sin_k"], out=f"new_key_{i}")  # [1, q, kvh, hd]
+        if self.opts.staged:  # see "Staged attention": scatter into the window, pad the queries by one row
+            k = g.op("ScatterND", [f"stage_key_{i}", "stage_index", k])  # [1, w, kvh, hd]
+            v = g.op("ScatterND", [f"stage_value_{i}", "stage_index", v])
+            qs = g.op("Concat", [qs, g.const(np.zeros((1, kvh, grp, 1, hd), np.float32))], axis=3)
         # NOTE: attention is split into (past slots) and (new tokens) so the past is never concatenated
         # (copied) with the new K/V; the past is whatever prefix of the ring the caller binds.
         s_past = g.op("MatMul", [qs, self.keys_t(f"past_key_{i}")])  # [1, kvh, grp, q, L]
-        s_new = g.op("MatMul", [qs, self.keys_t(k)])  # [1, kvh, grp, q, q]
+        s_new = g.op("MatMul", [qs, self.keys_t(k)])  # [1, kvh, grp, q, q] (staged: [.., q+1, w])
         scores = g.op("Concat", [s_past, s_new], axis=-1)
         scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kinds[i]}", g.const([2], np.int64)])])
         probs = g.op("Softmax", [scores], axis=-1)
@@ -323,6 +344,11 @@ class _Builder:
                 g.op("MatMul", [p_new, self.values_h(v)]),
             ],
         )
+        if self.opts.staged:  # drop the padding row
+            one = g.const([1], np.int64)
+            ctx = g.op(
+                "Slice", [ctx, g.const([0], np.int64), g.const([-1], np.int64), g.const([3], np.int64), one]
+            )
         ctx = g.op(
             "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, h * hd], np.int64)]
         )
@@ -366,14 +392,22 @@ class _Builder:
             helper.make_tensor_value_info("positions", I64, ["q"]),
         ]
         used_kinds = sorted({kinds[i] for i in range(opts.first_layer, last)})
+        staged = opts.staged
+        rows, cols = ("q1", "plus_w") if staged else ("q", "plus_q")
         inputs += [
-            helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, "q", f"past{k}_plus_q"]) for k in used_kinds
+            helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, rows, f"past{k}_{cols}"]) for k in used_kinds
         ]
+        if staged:
+            inputs.append(helper.make_tensor_value_info("stage_index", I64, [1, "q", 2]))
         outputs = []
         ropes: dict[float, dict[str, str]] = {}
-        for k in used_kinds:  # [L_k, q] from the mask's shape, for splitting attention probabilities
+        first_of = {k: next(i for i in range(opts.first_layer, last) if kinds[i] == k) for k in used_kinds}
+        for k in used_kinds:  # [L_k, q or w] from the mask's shape, for splitting attention probabilities
             n_all = g.op("Shape", [f"mask_{k}"], start=3, end=4)
-            n_new = g.op("Shape", ["positions"])
+            if staged:  # the staging width w
+                n_new = g.op("Shape", [f"stage_key_{first_of[k]}"], start=1, end=2)
+            else:
+                n_new = g.op("Shape", ["positions"])
             g.op("Concat", [g.op("Sub", [n_all, n_new]), n_new], axis=0, out=f"split_{k}")
         x = "hidden"
         for i in range(opts.first_layer, last):
@@ -382,6 +416,11 @@ class _Builder:
                 helper.make_tensor_value_info(f"past_{n}_{i}", F, [1, past, kvh, hd])
                 for n in ("key", "value")
             ]
+            if staged:
+                inputs += [
+                    helper.make_tensor_value_info(f"stage_{n}_{i}", F, [1, "w", kvh, hd])
+                    for n in ("key", "value")
+                ]
             outputs += [
                 helper.make_tensor_value_info(f"new_{n}_{i}", F, [1, "q", kvh, hd]) for n in ("key", "value")
             ]

@@ -1,0 +1,125 @@
+"""Staged attention makes a forward's rows independent of how many tokens it carries (kvcache/staging.py):
+on ORT at --precision fast, k tokens verified in one forward give bit for bit the logits k one-token decode
+steps give, for every family and weight form, through ring wraps, sliding windows and rollbacks. That is what
+lets `--draft auto` draft greedy generations at --precision fast without changing them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.kvcache.staging import WINDOW, split_windows
+from edge.models.gguf_file import open_gguf
+from tests.models.test_graph_engine import KQUANT_DIMS, retype
+from tests.tiny_models import TinySpec, write_tiny_model
+
+Q = gguf.GGMLQuantizationType
+N_GEN = 2 * WINDOW + 7  # crosses two window ends
+
+# (spec, K-quant crafted into every 2-D tensor or None): gguf-py quantizes the others itself
+CASES: dict[str, tuple[TinySpec, Q | None]] = {
+    "llama-q4_1": (TinySpec(arch="llama", weight_type=Q.Q4_1), None),
+    "qwen2-q8_0": (TinySpec(arch="qwen2", weight_type=Q.Q8_0), None),
+    "qwen3-f32": (TinySpec(arch="qwen3"), None),
+    "llama-f16": (TinySpec(arch="llama", weight_type=Q.F16), None),
+    "qwen2-q5_0": (TinySpec(arch="qwen2", weight_type=Q.Q5_0), None),
+    "qwen2-q3_k": (TinySpec(arch="qwen2", **KQUANT_DIMS), Q.Q3_K),
+    "gemma3-q4_k": (TinySpec(arch="gemma3", n_layer=3, **KQUANT_DIMS), Q.Q4_K),  # sliding windows of 8
+    "phi3-q5_k": (TinySpec(arch="phi3", **KQUANT_DIMS), Q.Q5_K),
+    "llama-mha-q6_k": (TinySpec(arch="llama", **{**KQUANT_DIMS, "n_head_kv": 4}), Q.Q6_K),  # one query a head
+}
+
+
+def _model(name: str, tmp_path: Path) -> Path:
+    spec, kquant = CASES[name]
+    path = write_tiny_model(tmp_path / f"{name}.gguf", spec)
+    if kquant is None:
+        return path
+    return retype(path, tmp_path / f"{name}-k.gguf", lambda n: kquant)
+
+
+def _decoder(path: Path, capacity: int, staged: bool = True) -> GraphDecoder:
+    opts = GraphOptions(backend="ort", precision="fast", staged=staged, capacity=capacity, sink=2, threads=1)
+    return GraphDecoder(open_gguf(path), opts)
+
+
+def _plain(dec: GraphDecoder, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    dec.reset()
+    token = int(dec.forward(prompt, last_only=True)[-1].argmax())
+    tokens, rows = [], []
+    for _ in range(n):
+        tokens.append(token)
+        rows.append(dec.forward([token])[-1])
+        token = int(rows[-1].argmax())
+    return tokens, np.stack(rows)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("capacity", [2048, 40])  # 40: the ring wraps during the prompt and the generation
+def test_verify_rows_equal_decode_steps(name: str, capacity: int, tmp_path: Path) -> None:
+    dec = _decoder(_model(name, tmp_path), capacity)
+    try:
+        assert dec.capabilities().batch_invariant
+        rng = np.random.default_rng(7)
+        prompt = [int(t) for t in rng.integers(3, 300, 37)]  # > WINDOW: the prefill layout first
+        tokens, plain = _plain(dec, prompt, N_GEN)
+        for sizes in ([5, 4, 3, 6, 2, 7, 1, 8, 9, 4, 17, 5], [17] * 5):
+            dec.reset()
+            dec.forward(prompt, last_only=True)
+            rows, at = [], 0
+            for size in sizes:
+                size = min(size, N_GEN - at)
+                if size <= 0:
+                    break
+                # a rejected draft first: its tokens are scored and rolled back, as speculation does
+                junk = [int(t) for t in rng.integers(3, 300, 3)]
+                dec.forward(tokens[at : at + 1] + junk)
+                dec.rollback(4)
+                rows.append(dec.forward(tokens[at : at + size]))
+                at += size
+            got = np.concatenate(rows)
+            assert got.shape == plain.shape
+            differing = [j for j in range(N_GEN) if not np.array_equal(got[j], plain[j])]
+            assert not differing, f"{name}: rows {differing[:5]} differ (batches {sizes})"
+    finally:
+        dec.close()
+
+
+def test_a_forward_is_cut_at_window_ends() -> None:
+    assert split_windows(0, 5) == [(0, 5)]
+    assert split_windows(WINDOW - 2, 5) == [(0, 2), (2, 5)]
+    assert split_windows(3 * WINDOW, WINDOW) == [(0, WINDOW)]
+
+
+def test_unstaged_graph_differs_and_does_not_claim_it(tmp_path: Path) -> None:
+    """The reason for staging, and that the test above can fail: the unstaged graph's rows change with the
+    step size (one-row matmuls take another MLAS kernel, softmax lengths follow the step), and it does not
+    claim the guarantee. Staging is the default only where it holds: ORT at --precision fast."""
+    path = _model("qwen2-q8_0", tmp_path)
+    dec = _decoder(path, 2048, staged=False)
+    try:
+        assert not dec.capabilities().batch_invariant
+        prompt = list(range(3, 40))
+        tokens, plain = _plain(dec, prompt, 8)
+        dec.reset()
+        dec.forward(prompt, last_only=True)
+        assert not np.array_equal(dec.forward(tokens), plain)
+    finally:
+        dec.close()
+    gguf_file = open_gguf(path)
+    for backend, precision, staged in (
+        ("ort", "fast", True),
+        ("ort", "exact", False),
+        ("openvino", "fast", False),
+    ):
+        dec = GraphDecoder(
+            gguf_file, GraphOptions(backend=backend, precision=precision, capacity=64, threads=1)
+        )
+        try:
+            assert dec.staged is staged and dec.capabilities().batch_invariant is staged
+        finally:
+            dec.close()
