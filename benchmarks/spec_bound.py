@@ -4,8 +4,8 @@ measured cost model and the speedup it allows, one process.
     python benchmarks/spec_bound.py            # the recorded run (about 10 minutes on 2 cores, quiet)
     python benchmarks/spec_bound.py --quick
 
-Measured, medians of --repeat runs each: plain llama.cpp's decode step of the target (the baseline), the own
-ORT graph's (--precision fast) decode step and verify forwards of k + 1 tokens (k = 1..16), the draft model's
+Measured in --repeat rounds (each cost once per round), medians: plain llama.cpp's decode step of the target (the baseline), the own
+ORT graph's (--precision fast) decode step and verify forwards of k + 1 tokens (k = 1..15), the draft model's
 decode step on the own ORT graph (a non-spinning session, as --draft uses it) and on llama.cpp. Acceptance:
 the target's greedy answer to code-writing prompts is fed to the draft model in one forward, and the draft's
 argmax compared with the target's token at every position: the per-token acceptance a of greedy drafting.
@@ -38,32 +38,30 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.speculative_own import PROMPTS  # noqa: E402
 from edge.api import load  # noqa: E402
 from edge.devices.base import Decoder  # noqa: E402
+from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.generate import GenerationConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-KS = (1, 2, 4, 8, 16)
+KS = (1, 2, 4, 8, 15)  # k + 1 <= 16: what the ring can roll back (speculation keeps 1 of the k + 1)
 
 
-def step_ms(dec: Decoder, prompt: list[int], n: int, repeat: int) -> float:
-    """Median over `repeat` runs of the mean one-token forward after `prompt`."""
-    runs = []
-    for _ in range(repeat):
-        dec.reset()
-        dec.forward(prompt, last_only=True)
-        t = time.perf_counter()
-        for i in range(n):
-            dec.forward([prompt[i % len(prompt)]])
-        runs.append((time.perf_counter() - t) / n * 1e3)
-    return statistics.median(runs)
+def step_ms(dec: Decoder, prompt: list[int], n: int) -> float:
+    """The mean one-token forward after `prompt`."""
+    dec.reset()
+    dec.forward(prompt, last_only=True)
+    t = time.perf_counter()
+    for i in range(n):
+        dec.forward([prompt[i % len(prompt)]])
+    return (time.perf_counter() - t) / n * 1e3
 
 
-def verify_ms(dec: Decoder, prompt: list[int], k: int, repeat: int) -> float:
-    """Median of forwards of k + 1 tokens after `prompt` (rolled back after each, as a rejected round is)."""
+def verify_ms(dec: Decoder, prompt: list[int], k: int) -> float:
+    """The median of 3 forwards of k + 1 tokens after `prompt` (each rolled back, as a rejected round is)."""
     dec.reset()
     dec.forward(prompt, last_only=True)
     runs = []
-    for i in range(repeat * 3):
+    for i in range(3):
         t = time.perf_counter()
         dec.forward(prompt[i : i + k + 1])
         runs.append((time.perf_counter() - t) * 1e3)
@@ -89,35 +87,48 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     repeat, n_tokens = (2, 32) if args.quick else (args.repeat, args.tokens)
-    opts: dict[str, Any] = dict(n_ctx=2048, n_threads=2, draft="none")
-    target = load(TARGET, backend="ort", precision="fast", **opts)
-    llama = load(TARGET, backend="llamacpp", **opts)
-    draft_ort = load(DRAFT, backend="ort", precision="fast", **opts)
-    draft_llama = load(DRAFT, backend="llamacpp", **opts)
     prompts = PROMPTS["code"][:1] if args.quick else PROMPTS["code"]
-    ids = target.prompt_ids(prompts[0])
-    costs = {
-        "llamacpp_target_ms": step_ms(llama.decoder, ids, 32, repeat),
-        "ort_target_ms": step_ms(target.decoder, ids, 32, repeat),
-        "ort_draft_ms": step_ms(draft_ort.decoder, ids, 32, repeat),
-        "llamacpp_draft_ms": step_ms(draft_llama.decoder, ids, 32, repeat),
-    }
-    verify = {k: verify_ms(target.decoder, ids, k, repeat) for k in KS}
-    print(costs, verify, flush=True)
+    opts: dict[str, Any] = dict(n_ctx=2048, n_threads=2, draft="none")
     # acceptance: the draft's argmax along the target's own greedy answers
+    target = load(TARGET, backend="ort", precision="fast", **opts)
+    ids = target.prompt_ids(prompts[0])
+    answers = [target.generate(text, GenerationConfig(max_tokens=n_tokens), reuse=False) for text in prompts]
+    paths = {TARGET: target.path}
+    target.close()
+    draft = load(DRAFT, backend="ort", precision="fast", **opts)
+    paths[DRAFT] = draft.path
     agree = total = 0
-    for text in prompts:
-        gen = target.generate(text, GenerationConfig(max_tokens=n_tokens), reuse=False)
+    for gen in answers:
         seq = list(gen.prompt_ids) + list(gen.token_ids)
-        draft_ort.decoder.reset()
-        logits = draft_ort.decoder.forward(seq[:-1])  # rows for every position
-        start = len(gen.prompt_ids) - 1
-        guess = logits[start:].argmax(axis=-1)
+        draft.decoder.reset()
+        guess = draft.decoder.forward(seq[:-1])[len(gen.prompt_ids) - 1 :].argmax(axis=-1)
         agree += int(np.sum(guess == np.asarray(gen.token_ids)))
         total += len(gen.token_ids)
+    draft.close()
     a = agree / total
-    for m in (target, llama, draft_ort, draft_llama):
-        m.close()
+    # costs, one engine at a time (another engine's threads in the process would slow it), each as speculation
+    # runs it: the target's ORT session spinning, the draft's not (edge.drafters)
+    samples: dict[str, list[float]] = {}
+    verify_samples: dict[int, list[float]] = {k: [] for k in KS}
+    for engine in ("llamacpp", "ort"):
+        fast = dict(n_ctx=2048, n_threads=2, precision="fast")
+        decs = {
+            f"{engine}_target_ms": open_decoder(engine, paths[TARGET], "cpu", DecoderOptions(**fast)),  # type: ignore[arg-type]
+            f"{engine}_draft_ms": open_decoder(
+                engine, paths[DRAFT], "cpu", DecoderOptions(**fast, spin=False)
+            ),  # type: ignore[arg-type]
+        }
+        for _ in range(repeat):  # each cost once per round: a load change hits all of them alike
+            for name, dec in decs.items():
+                samples.setdefault(name, []).append(step_ms(dec, ids, 24))
+            if engine == "ort":
+                for k in KS:
+                    verify_samples[k].append(verify_ms(decs["ort_target_ms"], ids, k))
+        for dec in decs.values():
+            dec.close()
+    costs = {name: statistics.median(v) for name, v in samples.items()}
+    verify = {k: statistics.median(v) for k, v in verify_samples.items()}
+    print(costs, verify, flush=True)
     base = 1e3 / costs["llamacpp_target_ms"]
     table = []
     for where, d_ms in (("ort", costs["ort_draft_ms"]), ("llamacpp", costs["llamacpp_draft_ms"])):

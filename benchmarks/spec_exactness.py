@@ -101,7 +101,7 @@ def main() -> None:
         f"# Greedy output with `--draft auto` vs no draft ({day})",
         "",
         f"`python benchmarks/spec_exactness.py --models {' '.join(args.models)} --backend {args.backend} "
-        f"--tokens {args.tokens}{' --tag ' + args.tag if args.tag else ''}`; {len(PROMPTS)} prompts (code, edits, chat), greedy, {args.tokens} tokens.",
+        f"--tokens {args.tokens}{' --tag=' + args.tag if args.tag else ''}`; {len(PROMPTS)} prompts (code, edits, chat), greedy, {args.tokens} tokens.",
         "",
         "| model | backend | precision | batch-invariant | identical answers | first differences (token index) |",
         "|---|---|---|---|---|---|",

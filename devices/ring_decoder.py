@@ -30,7 +30,7 @@ class RingDecoder:
     backend: str
     device: str
     vocab_size: int
-    staged: bool = False  # the graph has staged attention (batch-invariant rows: kvcache/staging.py)
+    staged: bool = False  # the graph has staged attention (kvcache/staging.py); subclasses set it
 
     def _init_ring(
         self,
