@@ -65,7 +65,9 @@ def _window_mask(
     s = slot_pos[None, :past]
     ring_part = (s >= 0) & (s < base) & ((s < kind.sink) | (s >= p - kind.ring))
     t = base + np.arange(WINDOW, dtype=np.int64)[None, :]
-    stage_part = t <= p
+    # NOTE: the ring bound matters in the window too when the ring is shorter than it: a position evicted
+    # before p is hidden, as one-token decoding hides it (its gathered slot holds a later token by then)
+    stage_part = (t <= p) & ((t < kind.sink) | (t >= p - kind.ring))
     if kind.window is not None:
         ring_part &= s > p - kind.window
         stage_part &= t > p - kind.window

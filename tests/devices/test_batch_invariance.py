@@ -59,7 +59,8 @@ def _plain(dec: GraphDecoder, prompt: list[int], n: int) -> tuple[list[int], np.
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("capacity", [2048, 40])  # 40: the ring wraps during the prompt and the generation
+# 40: the ring wraps during the prompt and the generation; 20: the ring is shorter than the staging window
+@pytest.mark.parametrize("capacity", [2048, 40, 20])
 def test_verify_rows_equal_decode_steps(name: str, capacity: int, tmp_path: Path) -> None:
     dec = _decoder(_model(name, tmp_path), capacity)
     try:
@@ -87,6 +88,25 @@ def test_verify_rows_equal_decode_steps(name: str, capacity: int, tmp_path: Path
             assert not differing, f"{name}: rows {differing[:5]} differ (batches {sizes})"
     finally:
         dec.close()
+
+
+@pytest.mark.parametrize("name", ["llama-q4_1", "gemma3-q4_k", "qwen2-q8_0"])
+@pytest.mark.parametrize("capacity", [2048, 40, 20])
+def test_staged_decoding_matches_unstaged(name: str, capacity: int, tmp_path: Path) -> None:
+    """Invariance alone would pass a mask that is wrong the same way at every step size: the staged graph must
+    also attend over what the unstaged one does, so its logits differ only by int8 rounding (~0.05 here)."""
+    path = _model(name, tmp_path)
+    staged, unstaged = _decoder(path, capacity), _decoder(path, capacity, staged=False)
+    try:
+        prompt = [int(t) for t in np.random.default_rng(3).integers(3, 300, 37)]
+        tokens, rows = _plain(staged, prompt, N_GEN)
+        unstaged.forward(prompt, last_only=True)
+        ref = np.stack([unstaged.forward([t])[-1] for t in tokens])
+        worst = float(np.abs(rows - ref).max())
+        assert worst < 0.25, f"{name} at capacity {capacity}: staged logits off by {worst}"
+    finally:
+        staged.close()
+        unstaged.close()
 
 
 def test_a_forward_is_cut_at_window_ends() -> None:
