@@ -22,7 +22,7 @@ from edge.devices.registry import check_precision, graph_runner
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions
 from edge.errors import ModelFormatError
-from edge.kvcache.staging import staged_feeds
+from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
@@ -194,7 +194,14 @@ class GraphDecoder(RingDecoder):
         return staged
 
     def capabilities(self) -> Capabilities:
-        invariant = self.staged and self.backend == "ort" and self.options.precision == "fast"
+        # NOTE: only windowed forwards (<= WINDOW tokens) are invariant, and a verify carries up to max_rollback
+        # + 1 tokens (speculation drafts at most what it can roll back): a larger undo log voids the claim
+        invariant = (
+            self.staged
+            and self.backend == "ort"
+            and self.options.precision == "fast"
+            and self.max_rollback < WINDOW
+        )
         return replace(super().capabilities(), batch_invariant=invariant)
 
     def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:

@@ -109,6 +109,27 @@ def test_staged_decoding_matches_unstaged(name: str, capacity: int, tmp_path: Pa
         unstaged.close()
 
 
+def test_longer_verifies_void_the_claim(tmp_path: Path) -> None:
+    """A forward of more than WINDOW tokens takes the prefill layout, whose rows are not invariant; a decoder
+    whose undo log lets speculation verify that many tokens does not claim batch invariance."""
+    path = _model("qwen2-q8_0", tmp_path)
+    dec = _decoder(path, 2048)
+    try:
+        prompt = list(range(3, 40))
+        tokens, plain = _plain(dec, prompt, WINDOW + 1)
+        dec.reset()
+        dec.forward(prompt, last_only=True)
+        assert not np.array_equal(dec.forward(tokens), plain)
+    finally:
+        dec.close()
+    opts = GraphOptions(backend="ort", precision="fast", capacity=2048, threads=1, max_rollback=WINDOW)
+    dec = GraphDecoder(open_gguf(path), opts)
+    try:
+        assert dec.staged and not dec.capabilities().batch_invariant
+    finally:
+        dec.close()
+
+
 def test_a_forward_is_cut_at_window_ends() -> None:
     assert split_windows(0, 5) == [(0, 5)]
     assert split_windows(WINDOW - 2, 5) == [(0, 2), (2, 5)]
