@@ -193,14 +193,25 @@ class GraphDecoder(RingDecoder):
             raise ValueError("staged attention needs dynamic shapes; static_shapes graphs are unstaged")
         return staged
 
+    @staticmethod
+    def _int8_rows(opts: GraphOptions) -> bool:
+        """Whether every MatMulNBits rounds a row alike at any row count: the int8 level (4) for body and head,
+        and not ORT's float-zero-point path. Measured (test_batch_invariance.py): level 0 and nbits_fzp on Q4_1
+        take another kernel for one row."""
+        level = 4 if opts.accuracy_level is None else opts.accuracy_level
+        head = level if opts.head_accuracy_level is None else opts.head_accuracy_level
+        return level == head == 4 and opts.lowering != "nbits_fzp"
+
     def capabilities(self) -> Capabilities:
         # NOTE: only windowed forwards (<= WINDOW tokens) are invariant, and a verify carries up to max_rollback
         # + 1 tokens (speculation drafts at most what it can roll back): a larger undo log voids the claim
+        opts = self.options
         invariant = (
             self.staged
             and self.backend == "ort"
-            and self.options.precision == "fast"
+            and opts.precision == "fast"
             and self.max_rollback < WINDOW
+            and self._int8_rows(opts)
         )
         return replace(super().capabilities(), batch_invariant=invariant)
 

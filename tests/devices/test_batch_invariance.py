@@ -130,6 +130,29 @@ def test_longer_verifies_void_the_claim(tmp_path: Path) -> None:
         dec.close()
 
 
+@pytest.mark.parametrize(
+    "override",
+    [{"accuracy_level": 0}, {"head_accuracy_level": 0}, {"lowering": "nbits_fzp"}, {"lowering": "qdq"}],
+)
+def test_weight_options_keep_or_void_the_claim(override: dict[str, object], tmp_path: Path) -> None:
+    """fp32 MatMulNBits (level 0, body or head) and ORT's float-zero-point form take another kernel for one
+    row: a decoder built with them does not claim invariance; one that still claims it holds it."""
+    path = _model("llama-q4_1", tmp_path)
+    opts = GraphOptions(backend="ort", precision="fast", capacity=2048, threads=1, **override)  # type: ignore[arg-type]
+    dec = GraphDecoder(open_gguf(path), opts)
+    try:
+        prompt = list(range(3, 40))
+        tokens, plain = _plain(dec, prompt, 17)
+        dec.reset()
+        dec.forward(prompt, last_only=True)
+        invariant = np.array_equal(dec.forward(tokens), plain)
+        assert dec.staged and dec.capabilities().batch_invariant == invariant == (
+            override == {"lowering": "qdq"}
+        )
+    finally:
+        dec.close()
+
+
 def test_a_forward_is_cut_at_window_ends() -> None:
     assert split_windows(0, 5) == [(0, 5)]
     assert split_windows(WINDOW - 2, 5) == [(0, 2), (2, 5)]
