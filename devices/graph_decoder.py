@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.devices.base import Capabilities
+from edge.devices.invariance import rows_invariant
 from edge.devices.registry import check_precision, graph_runner
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions
@@ -184,6 +185,8 @@ class GraphDecoder(RingDecoder):
         self.runner: Runner = make_runner(model_path, runner_opts)
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
+        # the claim's static conditions, then a run of this graph on this machine (devices/invariance.py)
+        self._invariant = self._claimable(opts) and rows_invariant(self, model_path, opts.backend)
 
     @staticmethod
     def _staged(opts: GraphOptions) -> bool:
@@ -202,18 +205,19 @@ class GraphDecoder(RingDecoder):
         head = level if opts.head_accuracy_level is None else opts.head_accuracy_level
         return level == head == 4 and opts.lowering != "nbits_fzp"
 
-    def capabilities(self) -> Capabilities:
+    def _claimable(self, opts: GraphOptions) -> bool:
         # NOTE: only windowed forwards (<= WINDOW tokens) are invariant, and a verify carries up to max_rollback
         # + 1 tokens (speculation drafts at most what it can roll back): a larger undo log voids the claim
-        opts = self.options
-        invariant = (
+        return (
             self.staged
             and self.backend == "ort"
             and opts.precision == "fast"
             and self.max_rollback < WINDOW
             and self._int8_rows(opts)
         )
-        return replace(super().capabilities(), batch_invariant=invariant)
+
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities(), batch_invariant=self._invariant)
 
     def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:
         cache = self.cache

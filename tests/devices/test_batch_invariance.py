@@ -187,3 +187,25 @@ def test_unstaged_graph_differs_and_does_not_claim_it(tmp_path: Path) -> None:
             assert dec.staged is staged and dec.capabilities().batch_invariant is staged
         finally:
             dec.close()
+
+
+def test_the_claim_is_checked_on_this_machine_once(tmp_path: Path, edge_cache: Path) -> None:
+    """The invariance measured here may not hold on another CPU or runtime build, so a decoder runs the check
+    itself (devices/invariance.py) once per graph and machine, leaves its KV empty, and a cached verdict that
+    it does not hold switches the claim off."""
+    from edge.devices import invariance
+
+    path = _model("qwen2-q8_0", tmp_path)
+    dec = _decoder(path, 2048)
+    try:
+        assert dec.capabilities().batch_invariant and dec.position == 0
+        key = invariance._key(dec.graph_path, "ort")
+        assert invariance._load().get(key) is True
+    finally:
+        dec.close()
+    invariance._save(key, False)  # as if this machine's kernels had failed the check
+    dec = _decoder(path, 2048)
+    try:
+        assert not dec.capabilities().batch_invariant
+    finally:
+        dec.close()
