@@ -2,6 +2,10 @@
 
     python benchmarks/ort_profile.py qwen2.5-coder-0.5b
     python benchmarks/ort_profile.py smollm2-135m --prompt 128 --steps 64
+    python benchmarks/ort_profile.py gemma3-270m --prefill --prompt 512 --steps 3
+
+--prefill times whole prompts instead (reset, then the prompt again, `--steps` times; each is one or more
+chunked forwards, reported together per prompt).
 
 Prefills a prompt, decodes `--steps` single tokens on the default ORT graph (the one `--backend ort` runs),
 and reports the mean model_run time of the decode steps and each op type's kernel time per step.
@@ -22,7 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 import onnxruntime as ort  # noqa: E402
 
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions  # noqa: E402
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
+from edge.models.gguf_file import open_gguf  # noqa: E402
 from edge.models.store import resolve_model  # noqa: E402
 
 
@@ -32,6 +38,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", action="store_true", help="time prompts (after reset), not decode steps")
+    ap.add_argument("--chunk", type=int, default=0, help="prefill chunk (default: GraphOptions')")
     ap.add_argument("--nodes", type=int, default=0, help="also the N costliest nodes, layers folded together")
     ap.add_argument(
         "--batch", type=int, default=1, help="tokens per timed forward (a speculative verify's size)"
@@ -50,16 +58,30 @@ def main() -> None:
 
     ort.SessionOptions = Profiled  # type: ignore[misc]
     opts = DecoderOptions(n_ctx=args.prompt + args.steps + 16, n_threads=args.threads)
-    dec = open_decoder("ort", resolve_model(args.model), "cpu", opts)
+    if args.chunk:  # the graph `--backend ort` opens, with another prefill chunk
+        graph = GraphOptions(
+            capacity=opts.n_ctx, threads=opts.n_threads, precision=opts.precision, prefill_chunk=args.chunk
+        )
+        dec = GraphDecoder(open_gguf(resolve_model(args.model)), graph)
+    else:
+        dec = open_decoder("ort", resolve_model(args.model), "cpu", opts)
     ort.SessionOptions = base  # type: ignore[misc]
-    dec.forward(list(range(100, 100 + args.prompt)), last_only=True)
-    for i in range(args.steps):
+    prompt = list(range(100, 100 + args.prompt))
+    dec.forward(prompt, last_only=True)
+    runs_per_step = 1
+    if args.prefill:
+        runs_per_step = -(-args.prompt // dec.chunk)  # type: ignore[attr-defined]
+    for _ in range(args.steps if args.prefill else 0):
+        dec.reset()
+        dec.forward(prompt, last_only=True)
+    for i in range(0 if args.prefill else args.steps):
         dec.forward([1000 + i + j for j in range(args.batch)], last_only=args.batch == 1)
         if args.batch > 1:
             dec.rollback(args.batch)
     events = json.loads(Path(dec.runner.session.end_profiling()).read_text())  # type: ignore[attr-defined]
     dec.close()
-    runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"][-args.steps :]
+    runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    runs = runs[-args.steps * runs_per_step :]
     start = runs[0]["ts"]
     per_op: collections.Counter[str] = collections.Counter()
     per_node: collections.Counter[str] = collections.Counter()
@@ -69,15 +91,15 @@ def main() -> None:
             per_op[op] += e["dur"]
             # blk.3.ffn_down/... and blk.17.ffn_down/... are one row: the layers differ only in their types
             per_node[f"{op} {re.sub(r'[0-9]+', '#', e['name'].removesuffix('_kernel_time'))}"] += e["dur"]
-    step_ms = sum(r["dur"] for r in runs) / len(runs) / 1e3
-    print(
-        f"{args.model}: {args.batch}-token forward {step_ms:.2f} ms (ORT model_run, mean of {len(runs)}, profiler on)"
-    )
+    steps = len(runs) // runs_per_step
+    step_ms = sum(r["dur"] for r in runs) / steps / 1e3
+    what = f"{args.prompt}-token prompt" if args.prefill else f"{args.batch}-token forward"
+    print(f"{args.model}: {what} {step_ms:.2f} ms (ORT model_run, mean of {steps}, profiler on)")
     for op, us in per_op.most_common(10):
-        ms = us / len(runs) / 1e3
+        ms = us / steps / 1e3
         print(f"  {op:34} {ms:7.3f} ms/step  {100 * ms / step_ms:5.1f}%")
     for node, us in per_node.most_common(args.nodes):
-        ms = us / len(runs) / 1e3
+        ms = us / steps / 1e3
         print(f"  {node[:70]:70} {ms:7.3f} ms/step  {100 * ms / step_ms:5.1f}%")
 
 

@@ -219,12 +219,17 @@ class GraphDecoder(RingDecoder):
     def capabilities(self) -> Capabilities:
         return replace(super().capabilities(), batch_invariant=self._invariant)
 
-    def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:
+    def _step(
+        self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
+    ) -> np.ndarray:
         cache = self.cache
         view = cache.begin(len(ids))
         if view.dropped:
             raise self._overflowed()
-        rows = np.array([len(ids) - 1] if last_only else range(len(ids)), dtype=np.int64)
+        # no rows: the head is skipped (a 512-token prompt in 256-token chunks: gemma3-270m's 262k-row head
+        # is ~1% of the prefill per chunk)
+        picked = range(len(ids)) if not last_only else [len(ids) - 1] if score else []
+        rows = np.array(picked, dtype=np.int64)
         feeds: dict[str, np.ndarray] = {
             "hidden": self.embed(ids),
             "positions": view.positions,

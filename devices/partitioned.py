@@ -152,7 +152,9 @@ class PartitionedDecoder(RingDecoder):
     def partition_times(self) -> tuple[float, ...]:
         return tuple(self.partition_seconds)
 
-    def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:
+    def _step(
+        self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
+    ) -> np.ndarray:
         n = len(ids)
         if self.static:
             variant, q = ("decode", 1) if n == 1 else ("prefill", self.chunk)

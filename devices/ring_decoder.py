@@ -152,8 +152,12 @@ class RingDecoder:
             hint="shorten the prompt or use the 'ring' policy",
         )
 
-    def _step(self, ids: Sequence[int], last_only: bool, *, window: bool = False) -> np.ndarray:
-        """One chunk; `window`: the staged graph's windowed layout (only decoders with `staged` get True)."""
+    def _step(
+        self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
+    ) -> np.ndarray:
+        """One chunk; logits of its last token (last_only) or of all. `window`: the staged graph's windowed layout
+        (only decoders with `staged` get True); score=False: the caller drops the logits (a prompt's earlier
+        chunks), so a graph may skip its head (logits [0, vocab])."""
         raise NotImplementedError
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
@@ -177,8 +181,9 @@ class RingDecoder:
             ]
             parts = []
             for start, stop in pieces:
-                logits = self._step(toks[start:stop], last_only, window=window)
-                if stop == len(toks) or not last_only:
+                final = stop == len(toks)
+                logits = self._step(toks[start:stop], last_only, window=window, score=final or not last_only)
+                if final or not last_only:
                     parts.append(logits)
             return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 

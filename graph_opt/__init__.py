@@ -6,6 +6,7 @@ Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` 
 from edge.graph_opt.attention import attention
 from edge.graph_opt.fold import fold
 from edge.graph_opt.forms import FORMS
+from edge.graph_opt.gelu import gelu
 from edge.graph_opt.linear import BlockWeight, Linear, emit_linear, is_linear_node, linear_protos, linears_in
 from edge.graph_opt.lower import center_codes, float_zero_points, int8_nibbles, lower, lowering_for
 from edge.graph_opt.manager import (
@@ -70,6 +71,7 @@ __all__ = [
     "emit_linear",
     "float_zero_points",
     "fold",
+    "gelu",
     "gptq",
     "graph_pass",
     "int8_nibbles",

@@ -15,7 +15,7 @@ from edge.graph_opt.quantize import QuantReport, QuantSpec
 __all__ = ["FUSIONS", "LOWERINGS", "PIPELINES", "OptimizeResult", "optimize", "pipeline", "target_proto"]
 
 FUSIONS = {
-    "ort": ["rmsnorm", "skip_rmsnorm", "rotary", "attention"],
+    "ort": ["rmsnorm", "skip_rmsnorm", "rotary", "attention", "gelu"],
     # NOTE: OpenVINO fuses the builder's elementwise RoPE and split attention itself; the attention pass made
     # its decode 7-10% slower on smollm2 (1 thread, 160 and 900 past tokens; prefill 3-5% faster) and the
     # rotary pass's op breaks its compile cache (see graph_opt/rotary.py): both stay off for it.

@@ -154,3 +154,21 @@ def test_rotary_leaves_other_matmuls(tiny: Callable[[str], tuple[ArchConfig, onn
     [rec] = run_passes(model, ["rotary"], PassContext("ort"))
     assert ops(model)["MatMul"] == n_mm - rec.rewrites
     assert rec.rewrites == 2 * 2  # Q and K of each of the 2 layers
+
+
+def test_gelu_fusion(tiny: Callable[[str], tuple[ArchConfig, onnx.ModelProto]]) -> None:
+    """gemma3's tanh GELU -> one FastGelu per layer, same outputs; a silu model has nothing to fuse."""
+    cfg, proto = tiny("gemma3")
+    feeds = feeds_for(proto, cfg, q=3, past=5)
+    model = to_ir(proto)
+    run_passes(model, ["fold"], PassContext("ort"))
+    before = ops(model)
+    [rec] = run_passes(model, ["gelu"], PassContext("ort"))
+    after = ops(model)
+    assert rec.rewrites == after["FastGelu"] == cfg.n_layer
+    assert before["Tanh"] == cfg.n_layer and "Tanh" not in after
+    assert before["Mul"] - after["Mul"] == 6 * cfg.n_layer
+    assert max_abs_diff(run_ort(proto, feeds), run_ort(model, feeds)) < TOL
+    llama = to_ir(tiny("llama")[1])
+    [rec] = run_passes(llama, ["gelu"], PassContext("ort"))
+    assert rec.rewrites == 0
