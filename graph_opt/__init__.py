@@ -22,6 +22,7 @@ from edge.graph_opt.manager import (
 )
 from edge.graph_opt.partition import LayerRange, parse_ranges, plan_partitions
 from edge.graph_opt.pipeline import (
+    FAST_FUSIONS,
     FUSIONS,
     LOWERINGS,
     PIPELINES,
@@ -49,6 +50,7 @@ from edge.graph_opt.rotary import rotary
 from edge.graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
 
 __all__ = [
+    "FAST_FUSIONS",
     "FORMS",
     "FUSIONS",
     "LOWERINGS",

@@ -134,6 +134,10 @@ def test_pass_registry_and_records() -> None:
     assert graph_opt.pipeline("coreml") == ["fold", "quantize", "lower", "specialize", "fold"]
     assert "skip_rmsnorm" not in graph_opt.pipeline("openvino")
     assert "rotary" not in graph_opt.pipeline("ort", fuse=False)
+    # a fusion that rounds differently runs only where precision "fast" allows it
+    assert "gelu" not in graph_opt.pipeline("ort")
+    assert "gelu" in graph_opt.pipeline("ort", precision="fast")
+    assert "gelu" not in graph_opt.pipeline("ort", fuse=False, precision="fast")
     with pytest.raises(ValueError, match="unknown target"):
         graph_opt.pipeline("tpu")
 
