@@ -458,17 +458,18 @@ def test_static_shapes_equal_dynamic(arch: str, backend: str, tiny: Callable[[st
     assert err <= 1e-5
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_last_only_prompt_over_chunks(backend: str, tiny: Callable[[str, T], Path]) -> None:
+@pytest.mark.parametrize(("backend", "precision"), [("ort", "exact"), ("ort", "fast"), ("openvino", "exact")])
+def test_last_only_prompt_over_chunks(backend: str, precision: str, tiny: Callable[[str, T], Path]) -> None:
     """A prompt of several chunks with last_only: the earlier chunks run without the head (no rows scored);
-    the one row returned and the KV it leaves are those of a forward of every row."""
+    the one row returned and the KV it leaves are those of a forward of every row (ORT fast: the staged graph)."""
     path = tiny("llama", T.F32)
     ids = ids_for(40, seed=3)
-    last = decoder(path, backend, prefill_chunk=16)
-    every = decoder(path, backend, prefill_chunk=16)
+    opts = GraphOptions(backend=backend, threads=1, precision=precision, prefill_chunk=16)
+    last, every = GraphDecoder(open_gguf(path), opts), GraphDecoder(open_gguf(path), opts)
     got = last.forward(ids, last_only=True)
     want = every.forward(ids)
     assert got.shape == (1, last.vocab_size)
-    np.testing.assert_allclose(got[0], want[-1], rtol=0, atol=1e-5)
+    # a one-row head and a 40-row head may sum in another order (MLAS's M=1 kernel)
+    np.testing.assert_allclose(got[0], want[-1], rtol=0, atol=1e-5 if precision == "exact" else 1e-3)
     step = ids_for(1, seed=4)
-    np.testing.assert_allclose(last.forward(step), every.forward(step), rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(last.forward(step), every.forward(step))
