@@ -59,21 +59,26 @@ def _mask_4d(mask5: ir.Value) -> ir.Value | None:
     return node.inputs[0]
 
 
+def _split_context(op, qs, past_k, new_k, past_v, new_v, mask5, split):  # type: ignore[no-untyped-def]
+    """The builder's split attention from the transposed queries [1, kvh, grp, q, hd] to the context."""
+    s_past = op.MatMul(qs, op.Unsqueeze(op.Transpose(past_k, perm=[0, 2, 3, 1]), [2]))
+    s_new = op.MatMul(qs, op.Unsqueeze(op.Transpose(new_k, perm=[0, 2, 3, 1]), [2]))
+    # NOTE: the mask's Unsqueeze and the split sizes are shared by every layer: inputs, not matched nodes
+    scores = op.Add(op.Concat(s_past, s_new, axis=-1), mask5)
+    p_past, p_new = op.Split(op.Softmax(scores, axis=-1), split, axis=-1, _outputs=2)
+    return op.Add(
+        op.MatMul(p_past, op.Unsqueeze(op.Transpose(past_v, perm=[0, 2, 1, 3]), [2])),
+        op.MatMul(p_new, op.Unsqueeze(op.Transpose(new_v, perm=[0, 2, 1, 3]), [2])),
+    )
+
+
 class _SplitAttention(pattern.RewriteRuleClassBase):
     def __init__(self) -> None:
         super().__init__("SplitAttention")
 
     def pattern(self, op, q5, past_k, new_k, past_v, new_v, mask5, split, out_shape):  # type: ignore[no-untyped-def]
         qs = op.Transpose(q5, perm=[0, 2, 3, 1, 4])
-        s_past = op.MatMul(qs, op.Unsqueeze(op.Transpose(past_k, perm=[0, 2, 3, 1]), [2]))
-        s_new = op.MatMul(qs, op.Unsqueeze(op.Transpose(new_k, perm=[0, 2, 3, 1]), [2]))
-        # NOTE: the mask's Unsqueeze and the split sizes are shared by every layer: inputs, not matched nodes
-        scores = op.Add(op.Concat(s_past, s_new, axis=-1), mask5)
-        p_past, p_new = op.Split(op.Softmax(scores, axis=-1), split, axis=-1, _outputs=2)
-        ctx = op.Add(
-            op.MatMul(p_past, op.Unsqueeze(op.Transpose(past_v, perm=[0, 2, 1, 3]), [2])),
-            op.MatMul(p_new, op.Unsqueeze(op.Transpose(new_v, perm=[0, 2, 1, 3]), [2])),
-        )
+        ctx = _split_context(op, qs, past_k, new_k, past_v, new_v, mask5, split)
         return op.Reshape(op.Transpose(ctx, perm=[0, 3, 1, 2, 4]), out_shape)
 
     def check(self, context, q5, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
@@ -115,14 +120,7 @@ class _StagedAttention(_SplitAttention):
         self, op, q5, pad, past_k, new_k, past_v, new_v, mask5, split, starts, ends, axes, steps, out_shape
     ):  # type: ignore[no-untyped-def]
         qs = op.Concat(op.Transpose(q5, perm=[0, 2, 3, 1, 4]), pad, axis=3)
-        s_past = op.MatMul(qs, op.Unsqueeze(op.Transpose(past_k, perm=[0, 2, 3, 1]), [2]))
-        s_new = op.MatMul(qs, op.Unsqueeze(op.Transpose(new_k, perm=[0, 2, 3, 1]), [2]))
-        scores = op.Add(op.Concat(s_past, s_new, axis=-1), mask5)
-        p_past, p_new = op.Split(op.Softmax(scores, axis=-1), split, axis=-1, _outputs=2)
-        ctx = op.Add(
-            op.MatMul(p_past, op.Unsqueeze(op.Transpose(past_v, perm=[0, 2, 1, 3]), [2])),
-            op.MatMul(p_new, op.Unsqueeze(op.Transpose(new_v, perm=[0, 2, 1, 3]), [2])),
-        )
+        ctx = _split_context(op, qs, past_k, new_k, past_v, new_v, mask5, split)
         ctx = op.Slice(ctx, starts, ends, axes, steps)
         return op.Reshape(op.Transpose(ctx, perm=[0, 3, 1, 2, 4]), out_shape)
 

@@ -209,3 +209,18 @@ def test_the_claim_is_checked_on_this_machine_once(tmp_path: Path, edge_cache: P
         assert not dec.capabilities().batch_invariant
     finally:
         dec.close()
+
+
+def test_the_staged_graph_is_fused(tmp_path: Path) -> None:
+    """ORT's pipeline fuses the staged form into one Attention per layer (the padded queries, the scattered
+    window): no Softmax is left to run unfused."""
+    import onnx
+
+    dec = _decoder(_model("qwen2-q8_0", tmp_path), 2048)
+    try:
+        graph = onnx.load(str(dec.graph_path), load_external_data=False).graph
+        ops = [n.op_type for n in graph.node]
+        assert ops.count("Attention") == dec.cfg.n_layer and "Softmax" not in ops
+        assert ops.count("ScatterND") == 2 * dec.cfg.n_layer
+    finally:
+        dec.close()
