@@ -76,8 +76,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--kinds", nargs="+", choices=sorted(PROMPTS), default=list(PROMPTS))
+    ap.add_argument("--tag", default="", help="appended to the result files' names")
     args = ap.parse_args()
-    prompts = {k: v[:1] for k, v in PROMPTS.items()} if args.quick else PROMPTS
+    chosen = {k: v for k, v in PROMPTS.items() if k in args.kinds}
+    prompts = {k: v[:1] for k, v in chosen.items()} if args.quick else chosen
     rounds, tokens = (1, 48) if args.quick else (args.rounds, args.tokens)
     cfg = GenerationConfig(max_tokens=tokens)  # greedy
     opts = dict(n_ctx=2048, n_threads=2, draft="none")
@@ -133,12 +136,14 @@ def main() -> None:
             rows.append(row)
     day = dt.date.today().isoformat()
     load_avg = os.getloadavg()[0]
-    stem = RESULTS / f"speculative-own-{day}"
+    stem = RESULTS / f"speculative-own-{day}{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "load_avg_1min_end": load_avg}, indent=1))
     lines = [
         f"# Speculative decoding on edge's own ORT graph vs llama.cpp, {TARGET} ({day})",
         "",
-        f"`python benchmarks/speculative_own.py{' --quick' if args.quick else ''}`: greedy, up to {tokens} tokens, "
+        f"`python benchmarks/speculative_own.py{' --quick' if args.quick else ''}"
+        f"{'' if set(args.kinds) == set(PROMPTS) else ' --kinds ' + ' '.join(args.kinds)}"
+        f"{' --tag=' + args.tag if args.tag else ''} --rounds {rounds}`: greedy, up to {tokens} tokens, "
         f"{rounds} round(s), 2 threads, --precision fast; decode tok/s medians; load average at the end "
         f"{load_avg:.2f}.",
         "",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,14 +230,17 @@ class DraftStats:
 class AdaptiveK:
     """Picks k per round: argmax over k of E[tokens](k, alpha) / (k * draft cost + verify cost(k + 1)).
 
-    alpha is a decayed count of accepted and rejected drafted tokens over a prior; steps without a draft
-    forget evidence too, so alpha drifts back to the (optimistic) prior and drafting is retried after a
-    stretch where it did not pay (prompt lookup is right in bursts).
+    alpha is a decayed count of accepted and rejected drafted tokens over a prior, kept per draft kind
+    (`Draft.kind`: lookup's copied passages are right far more often than its bare n-gram matches); steps
+    without a draft forget evidence too, so alpha drifts back to the (optimistic) prior and drafting is retried
+    after a stretch where it did not pay (prompt lookup is right in bursts).
     """
 
     def __init__(self, cfg: SpecConfig, verify: dict[int, float] | None = None) -> None:
         self.cfg = cfg
-        self.hits, self.misses = 0.0, 0.0  # decayed counts of accepted / rejected drafted tokens
+        # decayed counts of accepted / rejected drafted tokens, per draft kind
+        self._hits: dict[int, float] = {}
+        self._misses: dict[int, float] = {}
         # tokens in a target forward -> seconds (running average); shared by the choosers of one target
         self.verify: dict[int, float] = {} if verify is None else verify
         self.draft_s: float | None = None  # seconds per drafted token (running average)
@@ -247,14 +250,28 @@ class AdaptiveK:
         """Forget the acceptance evidence (another prompt drafts differently) but keep the measured costs:
         they belong to the models and the machine, and re-measuring them probed a draft model that does not
         pay once per generation."""
-        self.hits, self.misses = 0.0, 0.0
+        self._hits.clear()
+        self._misses.clear()
         self._idle = 0
 
     @property
-    def alpha(self) -> float:
-        return (self.hits + _PRIOR_WEIGHT * _PRIOR_ALPHA) / (self.hits + self.misses + _PRIOR_WEIGHT)
+    def hits(self) -> float:
+        return sum(self._hits.values())
 
-    def choose(self, limit: int) -> int:
+    @property
+    def misses(self) -> float:
+        return sum(self._misses.values())
+
+    def alpha_of(self, kind: int) -> float:
+        hits, misses = self._hits.get(kind, 0.0), self._misses.get(kind, 0.0)
+        return (hits + _PRIOR_WEIGHT * _PRIOR_ALPHA) / (hits + misses + _PRIOR_WEIGHT)
+
+    @property
+    def alpha(self) -> float:
+        """The estimate for kind 0 (every draft of a draft model)."""
+        return self.alpha_of(0)
+
+    def choose(self, limit: int, kind: int = 0) -> int:
         cfg = self.cfg
         limit = min(limit, cfg.k_max)
         if limit <= 0:
@@ -265,7 +282,7 @@ class AdaptiveK:
             return 0  # measure a plain step first: every other choice is weighed against it
         if self.draft_s is None:
             return min(cfg.k_probe, limit)
-        best_k = self._best(limit, self.alpha)
+        best_k = self._best(limit, self.alpha_of(kind))
         self._idle = 0 if best_k else self._idle + 1
         # Evidence only comes from drafting: after a long stretch of plain steps, probe once, as long as a
         # draft could pay at all (at 100% acceptance); else a bad stretch would stop drafting for good.
@@ -304,16 +321,19 @@ class AdaptiveK:
     def observe_draft(self, n: int, seconds: float) -> None:
         self.draft_s = _average(self.draft_s, seconds / n)
 
-    def observe_round(self, drafted: int, accepted: int) -> None:
+    def observe_round(self, drafted: int, accepted: int, kind: int = 0) -> None:
         d = self.cfg.decay
+        hits, misses = self._hits.get(kind, 0.0), self._misses.get(kind, 0.0)
         for i in range(min(drafted, accepted + 1)):  # the tokens after the first rejection were not judged
             hit = i < accepted
-            self.hits = d * self.hits + hit
-            self.misses = d * self.misses + (not hit)
+            hits = d * hits + hit
+            misses = d * misses + (not hit)
+        self._hits[kind], self._misses[kind] = hits, misses
 
     def observe_plain_step(self) -> None:
-        self.hits *= self.cfg.decay
-        self.misses *= self.cfg.decay
+        for counts in (self._hits, self._misses):
+            for kind in counts:
+                counts[kind] *= self.cfg.decay
 
 
 def _average(old: float | None, new: float) -> float:
@@ -390,12 +410,19 @@ class SpeculativeDecoding:
         room = target.n_ctx - target.position - len(pending)  # KV slots left for drafted tokens
         k, draft, chooser, source = 0, Draft([]), self.choosers[0], self.drafters[0]
         for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
-            k = ch.choose(min(cap, budget - 1, room))
-            if k > 0:
-                draft = drafter.draft(history, k, self._sampling, self._rng)
-                if draft.tokens:
-                    chooser, source = ch, drafter
-                    break
+            limit = min(cap, budget - 1, room)
+            if drafter.free and limit > 0:  # draft the most, keep what this kind of draft is worth
+                full = drafter.draft(history, limit, self._sampling, self._rng)
+                k = ch.choose(len(full.tokens), full.kind) if full.tokens else 0
+                draft = replace(
+                    full, tokens=full.tokens[:k], probs=None if full.probs is None else full.probs[:k]
+                )
+            else:
+                k = ch.choose(limit)
+                draft = drafter.draft(history, k, self._sampling, self._rng) if k > 0 else Draft([])
+            if draft.tokens:
+                chooser, source = ch, drafter
+                break
         t1 = time.perf_counter()
         feed = pending + draft.tokens
         rows = target.forward(feed, last_only=not draft.tokens) if feed else np.empty((0, 0))
@@ -411,7 +438,7 @@ class SpeculativeDecoding:
             chooser.observe_forward(len(feed), t2 - t1)
         if draft.tokens:
             chooser.observe_draft(len(draft.tokens), t1 - t0)
-            chooser.observe_round(len(draft.tokens), n_ok)
+            chooser.observe_round(len(draft.tokens), n_ok, draft.kind)
             st.rounds += 1
             st.k_chosen += k
             st.drafted += len(draft.tokens)

@@ -135,8 +135,9 @@ def test_auto_pairs_catalog_models_on_own_graphs() -> None:
 
 @pytest.mark.slow
 def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
-    """`edge run --backend ort --precision exact --temperature 0`: the default (auto) and --draft none give the
-    same tokens, and --json says what drafted."""
+    """`edge run --backend ort --temperature 0` (precision fast, the batch-invariant graph): the default (auto)
+    and --draft none give the same tokens whatever k the timings pick, and --json says what drafted and that
+    the output is identical."""
     from tests.shared_cache import pull_named_models
 
     pull_named_models(["qwen2.5-coder-0.5b"])
@@ -146,7 +147,7 @@ def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
     for draft in ("auto", "none"):
         proc = subprocess.run(
             [sys.executable, "-m", "edge.cli", "run", "qwen2.5-coder-0.5b", prompt, "--backend", "ort",
-             "--precision", "exact", "--temperature", "0", "--max-tokens", "60", "--json", "--draft", draft],
+             "--temperature", "0", "--max-tokens", "60", "--json", "--draft", draft],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
@@ -155,7 +156,7 @@ def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
     assert outs["none"]["draft"] is None
     st = outs["auto"]["draft"]
     assert st["method"] == "ngram" and st["accepted"] > 0, st  # the answer copies the code back
-    assert "near-ties within ~1e-4" in st["guarantee"]
+    assert st["guarantee"].startswith("identical to the target alone")
 
 
 def test_bench_draft_auto_and_batch_costs(files: dict[str, Path], tmp_path: Path, edge_cache: Path) -> None:

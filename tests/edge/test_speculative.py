@@ -340,6 +340,42 @@ def test_ngram_lookup() -> None:
     assert ng.draft(periodic, 7, greedy, rng).tokens == [1, 2, 3, 1, 2, 3, 1]  # runs on into the present
 
 
+def test_lookup_draft_kinds_and_their_own_acceptance() -> None:
+    """A lookup whose preceding tokens agree too (a copied passage) is a draft of kind 1, a bare n-gram match
+    kind 0; acceptance is estimated per kind, so copied passages get long drafts while bare matches, wrong
+    more often, get short ones."""
+    greedy, rng = SamplingConfig(), np.random.default_rng(0)
+    ng = NgramDrafter(n_min=2, n_max=2)
+    ng.begin([])
+    copied = [
+        10,
+        11,
+        12,
+        13,
+        14,
+        15,
+        16,
+        99,
+        11,
+        12,
+        13,
+    ]  # [11, 12, 13] seen before, and [.., 12] before that
+    assert ng.draft(copied, 3, greedy, rng).kind == 1
+    ng.begin([])
+    bare = [10, 11, 12, 13, 14, 99, 12, 13]  # [12, 13] seen, but 99 != 11 before it
+    assert ng.draft(bare, 3, greedy, rng).kind == 0
+    k = AdaptiveK(SpecConfig(k_max=16, k_probe=4))
+    k.observe_forward(1, 0.030)
+    k.observe_draft(4, 0.00001)  # lookup: free
+    for n in range(2, 18):
+        k.observe_forward(n, 0.030 + 0.006 * (n - 1))
+    for _ in range(10):
+        k.observe_round(16, 16, kind=1)
+        k.observe_round(16, 2, kind=0)
+    assert k.alpha_of(1) > 0.9 > 0.7 > k.alpha_of(0)  # kind 0: 2 of every 3 judged tokens right
+    assert k.choose(16, 1) == 16 and 0 < k.choose(16, 0) < 6
+
+
 # -- vocabulary compatibility ----------------------------------------------------------------------------
 
 
@@ -436,3 +472,12 @@ def test_qwen_pair_greedy_equals_target_and_smollm_is_refused() -> None:
     print(f"\nqwen pair: {st.to_dict()}")
     with pytest.raises(VocabMismatchError, match=r"smollm2-135m cannot draft for qwen2\.5-coder-1\.5b"):
         load("qwen2.5-coder-1.5b", n_ctx=256, draft="smollm2-135m")
+
+
+def test_greedy_guarantee_names_what_holds() -> None:
+    from edge.speculative import greedy_guarantee
+
+    assert greedy_guarantee("ort", "fast", True).startswith("identical to the target alone")
+    assert "~1e-4" in greedy_guarantee("ort", "exact")
+    assert "int8" in greedy_guarantee("openvino", "fast")
+    assert "llama.cpp" in greedy_guarantee("llamacpp", None)
