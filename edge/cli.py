@@ -16,7 +16,8 @@ from edge.errors import EdgeError
 # --draft of run, chat and serve (edge.drafters.open_drafters)
 DRAFT_HELP = (
     "speculative decoding: auto (default: prompt lookup, plus a compatible draft model already pulled, on the "
-    "own-graph backends ort/openvino; greedy generations are drafted only at --precision exact), none, ngram, "
+    "own-graph backends ort/openvino; greedy generations are drafted only where that cannot change them: "
+    "ort at --precision fast, checked batch-invariant, or --precision exact), none, ngram, "
     "or a draft model (catalog name or .gguf path)"
 )
 EXIT_ERROR = 1

@@ -359,9 +359,8 @@ class SpeculativeDecoding:
         greedy: bool = True,
     ) -> None:
         self.target = target
-        # False: greedy generations run without drafts (`--draft auto` at --precision fast, where a batched
-        # verify's int8 rounding could flip a near-tie and so change greedy output; sampling keeps the
-        # target's distribution either way)
+        # False: greedy generations run without drafts (`--draft auto` where a batched verify could round a
+        # near-tie the other way: see drafts_greedy; sampling keeps the target's distribution either way)
         self.greedy = greedy
         self.drafters: list[Drafter] = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
         if not self.drafters:
