@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -37,10 +38,17 @@ class StepView:
     Columns [0, n_tokens) are real tokens; the rest is padding the graph computes but `commit` does not store."""
 
     positions: np.ndarray  # [q] int64 absolute positions (for RoPE); padding continues the count
-    masks: tuple[np.ndarray, ...]  # per kind [1, 1, q, capacity + q] float32: 0 visible, -inf hidden
     layer_kind: tuple[int, ...]  # layer -> index into masks
     n_tokens: int  # tokens commit() will store
     n_requested: int  # tokens asked for; more than n_tokens when policy 'truncate' dropped some
+    kinds: tuple[LayerKind, ...]  # the cache's kinds and each one's slot positions at begin() (copies)
+    slot_pos: tuple[np.ndarray, ...]
+
+    @cached_property
+    def masks(self) -> tuple[np.ndarray, ...]:
+        """Per kind [1, 1, q, capacity + q] float32: 0 visible, -inf hidden. Built on first use: a staged
+        graph's windowed step builds its own (kvcache/staging.py), and this is on every decode step."""
+        return tuple(_mask(k, sp, self.positions) for k, sp in zip(self.kinds, self.slot_pos, strict=True))
 
     @property
     def q_len(self) -> int:
@@ -287,10 +295,6 @@ class RingKVCache:
         """The slot each absolute position is written to in a layer."""
         return self._slots(self._kinds[self._layer_kind[layer]], np.asarray(positions, np.int64))
 
-    def slot_positions(self, kind: int) -> np.ndarray:
-        """The position each slot of a kind holds, -1 empty (the live array: read, never write)."""
-        return self._slot_pos[kind]
-
     def gather(self, positions: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """Per layer the K and V [1, n, kvh, hd] of the slots these consecutive positions map to: views of the
         buffers when the slots are consecutive too, else copies (one numpy take per group). A slot holds whatever
@@ -333,10 +337,9 @@ class RingKVCache:
             if self._policy == "truncate":
                 n = room
         positions = np.arange(self._position, self._position + q_len, dtype=np.int64)
-        masks = tuple(_mask(k, sp, positions) for k, sp in zip(self._kinds, self._slot_pos, strict=True))
-        self._pending = StepView(
-            positions, masks, self._layer_kind, n, q_len if n_tokens is None else n_tokens
-        )
+        snapshot = tuple(sp.copy() for sp in self._slot_pos)  # the masks are of this state, built when asked
+        requested = q_len if n_tokens is None else n_tokens
+        self._pending = StepView(positions, self._layer_kind, n, requested, self._kinds, snapshot)
         return self._pending
 
     def commit(self, new_k: Sequence[np.ndarray], new_v: Sequence[np.ndarray]) -> None:

@@ -95,7 +95,7 @@ def staged_feeds(
         masks = {
             f"mask_{k}": _window_mask(
                 cache.kinds[cache.layer_kind[i]],
-                cache.slot_positions(cache.layer_kind[i]),
+                view.slot_pos[cache.layer_kind[i]],
                 positions,
                 base,
                 past[k],
