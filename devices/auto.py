@@ -19,11 +19,8 @@ request chooses among them; a file the own graphs refuse (models/arch.py) goes t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,6 +28,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from edge.devices.jsonstore import read_json, write_json
 from edge.errors import BackendUnavailableError, ModelFormatError
 
 __all__ = [
@@ -135,37 +133,17 @@ def model_sha256(path: Path) -> str:
     st = real.stat()
     memo_path = cache_dir() / "sha256-memo.json"
     key = f"{real}|{st.st_size}|{st.st_mtime_ns}"
-    memo = _read_json(memo_path).get("files", {})
+    memo = read_json(memo_path).get("files", {})
     if isinstance(memo, dict) and isinstance(memo.get(key), str):
         return str(memo[key])
     digest = file_sha256(real)
     memo = memo if isinstance(memo, dict) else {}
     memo[key] = digest
-    _write_json(memo_path, {"files": memo})
+    write_json(memo_path, {"files": memo})
     return digest
 
 
 # -- the measurement store ---------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # absent or damaged: nothing recorded (the next record rewrites it whole)
-    return data if isinstance(data, dict) else {}
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1)
-        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-
-
 def _speeds_path() -> Path:
     from edge.models.store import cache_dir
 
@@ -195,7 +173,7 @@ def record_speeds(
     if len(kept) < 2:
         return False
     path = _speeds_path()
-    data = _read_json(path)
+    data = read_json(path)
     runs = data.get("runs") if data.get("format") == _FORMAT else None
     runs = [r for r in (runs if isinstance(runs, list) else []) if isinstance(r, dict)]
     key = {"model": sha256, "machine": dict(machine), "precision": precision}
@@ -211,17 +189,17 @@ def record_speeds(
             "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
     )
-    _write_json(path, {"format": _FORMAT, "runs": runs})
+    write_json(path, {"format": _FORMAT, "runs": runs})
     return True
 
 
 def _has_runs() -> bool:
-    runs = _read_json(_speeds_path()).get("runs")
+    runs = read_json(_speeds_path()).get("runs")
     return isinstance(runs, list) and bool(runs)
 
 
 def _measured(sha256: str, machine: Mapping[str, Any], precision: str) -> tuple[dict[str, Speed], str] | None:
-    data = _read_json(_speeds_path())
+    data = read_json(_speeds_path())
     if data.get("format") != _FORMAT or not isinstance(data.get("runs"), list):
         return None
     for r in reversed(data["runs"]):

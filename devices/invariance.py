@@ -12,29 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
-import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
+from edge.devices.base import Decoder
+from edge.devices.jsonstore import read_json, write_json
 from edge.models.store import cache_dir
 
 __all__ = ["rows_invariant"]
-
-
-class _Forward(Protocol):
-    vocab_size: int
-
-    @property
-    def position(self) -> int: ...
-
-    def forward(self, tokens: list[int], *, last_only: bool = False) -> np.ndarray: ...
-
-    def reset(self) -> None: ...
 
 
 def _key(graph: Path, backend: str) -> str:
@@ -54,26 +41,7 @@ def _cache_file() -> Path:
     return cache_dir() / "devices" / "invariance.json"
 
 
-def _load() -> dict[str, bool]:
-    try:
-        data = json.loads(_cache_file().read_text(encoding="utf-8"))
-        return {str(k): bool(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    except (OSError, ValueError, TypeError):
-        return {}  # missing or corrupt: checked again
-
-
-def _save(key: str, value: bool) -> None:
-    with contextlib.suppress(OSError):  # a read-only cache only costs a re-check next time
-        path = _cache_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**_load(), key: value}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".invariance.")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-
-
-def _check(decoder: _Forward) -> bool:
+def _check(decoder: Decoder) -> bool:
     vocab = decoder.vocab_size
     ids = [3 + (7 + 7919 * i) % max(1, vocab - 3) for i in range(9)]
     try:
@@ -87,15 +55,16 @@ def _check(decoder: _Forward) -> bool:
     return bool(np.array_equal(single, batched))
 
 
-def rows_invariant(decoder: _Forward, graph: Path, backend: str) -> bool:
+def rows_invariant(decoder: Decoder, graph: Path, backend: str) -> bool:
     """Run (or recall) the check on a fresh decoder; it is reset afterwards. False when it holds tokens (the
     check would need to discard them)."""
     key = _key(graph, backend)
-    known = _load().get(key)
-    if known is not None:
+    known = read_json(_cache_file()).get(key)
+    if isinstance(known, bool):
         return known
     if decoder.position != 0:
         return False
     found = _check(decoder)
-    _save(key, found)
+    with contextlib.suppress(OSError):  # a read-only cache only costs a re-check next time
+        write_json(_cache_file(), {**read_json(_cache_file()), key: found})
     return found

@@ -15,7 +15,7 @@ from edge.devices.base import Capabilities, KVFill
 from edge.devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
 from edge.kvcache import LayerSpec, RingKVCache, StepView
-from edge.kvcache.staging import split_windows, windowed
+from edge.kvcache.staging import bound_prefix, split_windows, windowed
 from edge.models.arch import ArchConfig
 from edge.models.transformer import layer_kinds
 
@@ -107,8 +107,7 @@ class RingDecoder:
         cap = self.cache.keys[layer].shape[1]
         if self._bind_all:
             return cap
-        used = self.cache.occupied(layer)
-        return min(cap, max(SLOT_GRAIN, -(-used // SLOT_GRAIN) * SLOT_GRAIN))
+        return bound_prefix(cap, self.cache.occupied(layer), SLOT_GRAIN)
 
     def _bindings(self, view: StepView) -> tuple[dict[str, np.ndarray], dict[int, int]]:
         """A step's mask feeds, and the past slots bound per layer kind (worked out once per kind)."""

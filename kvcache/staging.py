@@ -27,7 +27,7 @@ import numpy as np
 from .ring import NEG_INF, RingKVCache, StepView
 from .spec import LayerKind
 
-__all__ = ["WINDOW", "StagedFeeds", "split_windows", "staged_feeds", "window_end", "windowed"]
+__all__ = ["WINDOW", "StagedFeeds", "bound_prefix", "split_windows", "staged_feeds", "window_end", "windowed"]
 
 WINDOW = 32  # staging slots; also the most tokens a windowed forward carries (speculation verifies <= 17)
 
@@ -75,8 +75,10 @@ def _window_mask(
     return _pad_row(np.where(visible, np.float32(0), NEG_INF).astype(np.float32)[None, None])
 
 
-def _past_len(kind: LayerKind, filled: int, grain: int) -> int:
-    return min(kind.capacity, max(grain, -(-min(filled, kind.capacity) // grain) * grain))
+def bound_prefix(capacity: int, filled: int, grain: int) -> int:
+    """Ring slots to bind: the filled prefix rounded up to `grain` (shapes do not churn every token), at
+    least one grain, at most the capacity. Unstaged steps bind it too (RingDecoder)."""
+    return min(capacity, max(grain, -(-min(filled, capacity) // grain) * grain))
 
 
 def staged_feeds(
@@ -91,7 +93,10 @@ def staged_feeds(
         base = p0 // WINDOW * WINDOW
         if int(positions[-1]) >= base + WINDOW:
             raise ValueError(f"a windowed step of {q} tokens at {p0} crosses the window end {base + WINDOW}")
-        past = {k: _past_len(cache.kinds[cache.layer_kind[i]], base, grain) for k, i in mask_layer.items()}
+        past = {
+            k: bound_prefix(cache.kinds[cache.layer_kind[i]].capacity, base, grain)
+            for k, i in mask_layer.items()
+        }
         masks = {
             f"mask_{k}": _window_mask(
                 cache.kinds[cache.layer_kind[i]],
@@ -106,7 +111,7 @@ def staged_feeds(
         index = positions - base
     else:  # prefill: the step's own tokens are the staging window, the ring part as the unstaged graph binds it
         past = {
-            k: _past_len(cache.kinds[cache.layer_kind[i]], cache.occupied(i), grain)
+            k: bound_prefix(cache.kinds[cache.layer_kind[i]].capacity, cache.occupied(i), grain)
             for k, i in mask_layer.items()
         }
         masks = {f"mask_{k}": _pad_row(view.mask_prefix(i, past[k])) for k, i in mask_layer.items()}

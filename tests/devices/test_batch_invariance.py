@@ -194,16 +194,18 @@ def test_the_claim_is_checked_on_this_machine_once(tmp_path: Path, edge_cache: P
     itself (devices/invariance.py) once per graph and machine, leaves its KV empty, and a cached verdict that
     it does not hold switches the claim off."""
     from edge.devices import invariance
+    from edge.devices.jsonstore import read_json, write_json
 
     path = _model("qwen2-q8_0", tmp_path)
     dec = _decoder(path, 2048)
     try:
         assert dec.capabilities().batch_invariant and dec.position == 0
         key = invariance._key(dec.graph_path, "ort")
-        assert invariance._load().get(key) is True
+        assert read_json(invariance._cache_file()).get(key) is True
     finally:
         dec.close()
-    invariance._save(key, False)  # as if this machine's kernels had failed the check
+    # as if this machine's kernels had failed the check
+    write_json(invariance._cache_file(), {**read_json(invariance._cache_file()), key: False})
     dec = _decoder(path, 2048)
     try:
         assert not dec.capabilities().batch_invariant
