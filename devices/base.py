@@ -86,6 +86,9 @@ class Capabilities:
     # A forward of k tokens gives each row the logits k one-token forwards give, bit for bit (staged attention
     # on a runtime whose kernels are row-invariant): greedy speculative decoding equals plain decoding.
     batch_invariant: bool = False
+    # A forward of <= kvcache.staging.WINDOW tokens is cut where it crosses a window end (staged attention),
+    # so it costs its pieces (kvcache.staging.piece_sizes): speculation weighs a draft's k by that
+    staged: bool = False
 
 
 @runtime_checkable

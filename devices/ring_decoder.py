@@ -196,7 +196,7 @@ class RingDecoder:
         return self.cache.max_rollback
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(max_rollback=self.max_rollback, sinks=self)
+        return Capabilities(max_rollback=self.max_rollback, sinks=self, staged=self.staged)
 
     def kv_fill(self) -> KVFill:
         cache = self.cache

@@ -27,6 +27,7 @@ import numpy as np
 
 from edge.devices.base import Decoder, rollback_limit
 from edge.drafters import Draft, Drafter
+from edge.kvcache.staging import piece_sizes
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
 
 if TYPE_CHECKING:
@@ -56,6 +57,10 @@ _EMA_DOWN, _EMA_UP = 0.5, 0.1  # weight of a new cost measurement below / above 
 # alpha before any evidence, and how many tokens' worth of evidence that belief is worth: optimistic, so a
 # draft is tried, and quickly overruled by what is measured
 _PRIOR_ALPHA, _PRIOR_WEIGHT = 0.8, 1.0
+# ... and for a copied passage (a draft of kind >= 1: lookup whose preceding tokens agree too), a belief worth
+# more: its first token is right most of the time (78-95% of lookups matching 4+ tokens of context on edit
+# prompts, qwen2.5-coder-1.5b), so one early miss must not switch copying off (a weight of 1 did: alpha 0.4)
+_PRIOR_WEIGHT_COPIED = 4.0
 _EXPLORE_AFTER = 32  # plain steps in a row before drafting is probed again
 PLAIN_FOR_ESTIMATE = 8  # plain steps timed before DraftStats.speedup_estimate compares against them
 
@@ -236,8 +241,16 @@ class AdaptiveK:
     after a stretch where it did not pay (prompt lookup is right in bursts).
     """
 
-    def __init__(self, cfg: SpecConfig, verify: dict[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SpecConfig,
+        verify: dict[int, float] | None = None,
+        pieces: Callable[[int, int], Sequence[int]] | None = None,
+    ) -> None:
         self.cfg = cfg
+        # (position, n) -> the sizes of the forwards a forward of n tokens at `position` runs as (a staged
+        # graph cuts one at its window ends: kvcache.staging.split_windows); None: one forward
+        self.pieces = pieces
         # decayed counts of accepted / rejected drafted tokens, per draft kind
         self._hits: dict[int, float] = {}
         self._misses: dict[int, float] = {}
@@ -264,14 +277,17 @@ class AdaptiveK:
 
     def alpha_of(self, kind: int) -> float:
         hits, misses = self._hits.get(kind, 0.0), self._misses.get(kind, 0.0)
-        return (hits + _PRIOR_WEIGHT * _PRIOR_ALPHA) / (hits + misses + _PRIOR_WEIGHT)
+        weight = _PRIOR_WEIGHT_COPIED if kind else _PRIOR_WEIGHT
+        return (hits + weight * _PRIOR_ALPHA) / (hits + misses + weight)
 
     @property
     def alpha(self) -> float:
         """The estimate for kind 0 (every draft of a draft model)."""
         return self.alpha_of(0)
 
-    def choose(self, limit: int, kind: int = 0) -> int:
+    def choose(self, limit: int, kind: int = 0, position: int | None = None, pending: int = 1) -> int:
+        """k for this round; `position`: where the target's forward of `pending` + k tokens starts (its cost
+        then counts the pieces it is cut into), None: any k + 1 tokens cost one forward of that size."""
         cfg = self.cfg
         limit = min(limit, cfg.k_max)
         if limit <= 0:
@@ -282,24 +298,36 @@ class AdaptiveK:
             return 0  # measure a plain step first: every other choice is weighed against it
         if self.draft_s is None:
             return min(cfg.k_probe, limit)
-        best_k = self._best(limit, self.alpha_of(kind))
+        best_k = self._best(limit, self.alpha_of(kind), position, pending)
         self._idle = 0 if best_k else self._idle + 1
         # Evidence only comes from drafting: after a long stretch of plain steps, probe once, as long as a
         # draft could pay at all (at 100% acceptance); else a bad stretch would stop drafting for good.
-        if self._idle >= _EXPLORE_AFTER and self._best(limit, 1.0):
+        if self._idle >= _EXPLORE_AFTER and self._best(limit, 1.0, position, pending):
             self._idle = 0
             return min(cfg.k_probe, limit)
         return best_k
 
-    def _best(self, limit: int, a: float) -> int:
+    def _best(self, limit: int, a: float, position: int | None = None, pending: int = 1) -> int:
         best_k, best_rate = 0, 1.0 / self.verify[1]
         assert self.draft_s is not None
         for k in range(1, limit + 1):
             expected = (1.0 - a ** (k + 1)) / (1.0 - a) if a < 1.0 else k + 1.0
-            rate = expected / (k * self.draft_s + self._verify_cost(k + 1))
+            cost = (
+                self.forward_cost(position, pending + k) if position is not None else self._verify_cost(k + 1)
+            )
+            rate = expected / (k * self.draft_s + cost)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
+
+    def forward_cost(self, position: int, n: int) -> float:
+        """Seconds a forward of n tokens at `position` takes: the sum of its pieces' measured costs."""
+        sizes = self.pieces(position, n) if self.pieces is not None else (n,)
+        return sum(self._verify_cost(size) for size in sizes)
+
+    def splits(self, position: int, n: int) -> bool:
+        """Whether a forward of n tokens at `position` runs as more than one forward."""
+        return self.pieces is not None and len(self.pieces(position, n)) > 1
 
     def _verify_cost(self, n: int) -> float:
         known = self.verify
@@ -382,7 +410,8 @@ class SpeculativeDecoding:
 
     def _new_choosers(self) -> None:
         verify: dict[int, float] = {}  # the target's forward costs, whichever drafter fed it
-        self.choosers = [AdaptiveK(self.config, verify) for _ in self.drafters]
+        pieces = piece_sizes if self.target.capabilities().staged else None
+        self.choosers = [AdaptiveK(self.config, verify, pieces) for _ in self.drafters]
         self.chooser = self.choosers[0]
 
     def applies(self, sampling: SamplingConfig) -> bool:
@@ -406,18 +435,19 @@ class SpeculativeDecoding:
         t0 = time.perf_counter()
         target, st = self.target, self.stats
         pending = [] if self._row is not None else [history[-1]]  # the last token is not in the KV yet
-        room = target.n_ctx - target.position - len(pending)  # KV slots left for drafted tokens
+        start = target.position
+        room = target.n_ctx - start - len(pending)  # KV slots left for drafted tokens
         k, draft, chooser, source = 0, Draft([]), self.choosers[0], self.drafters[0]
         for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
             limit = min(cap, budget - 1, room)
             if drafter.free and limit > 0:  # draft the most, keep what this kind of draft is worth
                 full = drafter.draft(history, limit, self._sampling, self._rng)
-                k = ch.choose(len(full.tokens), full.kind) if full.tokens else 0
+                k = ch.choose(len(full.tokens), full.kind, start, len(pending)) if full.tokens else 0
                 draft = replace(
                     full, tokens=full.tokens[:k], probs=None if full.probs is None else full.probs[:k]
                 )
             else:
-                k = ch.choose(limit)
+                k = ch.choose(limit, 0, start, len(pending))
                 draft = drafter.draft(history, k, self._sampling, self._rng) if k > 0 else Draft([])
             if draft.tokens:
                 chooser, source = ch, drafter
@@ -433,7 +463,7 @@ class SpeculativeDecoding:
         target.rollback(len(draft.tokens) - n_ok)
         t3 = time.perf_counter()
 
-        if feed:
+        if feed and not chooser.splits(start, len(feed)):  # a cut forward's time is not that of its size
             chooser.observe_forward(len(feed), t2 - t1)
         if draft.tokens:
             chooser.observe_draft(len(draft.tokens), t1 - t0)

@@ -27,7 +27,16 @@ import numpy as np
 from .ring import NEG_INF, RingKVCache, StepView
 from .spec import LayerKind
 
-__all__ = ["WINDOW", "StagedFeeds", "bound_prefix", "split_windows", "staged_feeds", "window_end", "windowed"]
+__all__ = [
+    "WINDOW",
+    "StagedFeeds",
+    "bound_prefix",
+    "piece_sizes",
+    "split_windows",
+    "staged_feeds",
+    "window_end",
+    "windowed",
+]
 
 WINDOW = 32  # staging slots; also the most tokens a windowed forward carries (speculation verifies <= 17)
 
@@ -140,3 +149,10 @@ def split_windows(position: int, n_tokens: int) -> Sequence[tuple[int, int]]:
         pieces.append((start, stop))
         start = stop
     return pieces
+
+
+def piece_sizes(position: int, n_tokens: int) -> tuple[int, ...]:
+    """Tokens in each forward a staged graph runs for a forward of n tokens at `position` (what it costs)."""
+    if not windowed(n_tokens):
+        return (n_tokens,)
+    return tuple(stop - start for start, stop in split_windows(position, n_tokens))

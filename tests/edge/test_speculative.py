@@ -28,6 +28,7 @@ from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.drafters import Drafter, ModelDrafter, NgramDrafter, check_vocab_compatible
 from edge.errors import VocabMismatchError
 from edge.generate import Generation, GenerationConfig
+from edge.kvcache.staging import WINDOW, piece_sizes
 from edge.models.gguf_file import open_gguf
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.sampling import SamplingConfig, probabilities
@@ -373,7 +374,37 @@ def test_lookup_draft_kinds_and_their_own_acceptance() -> None:
         k.observe_round(16, 16, kind=1)
         k.observe_round(16, 2, kind=0)
     assert k.alpha_of(1) > 0.9 > 0.7 > k.alpha_of(0)  # kind 0: 2 of every 3 judged tokens right
-    assert k.choose(16, 1) == 16 and 0 < k.choose(16, 0) < 6
+    assert k.choose(16, 1) >= 12 and 0 < k.choose(16, 0) < 6
+
+
+def test_k_weighs_the_pieces_a_staged_forward_is_cut_into() -> None:
+    """A staged graph cuts a short forward at its window ends (kvcache.staging), so a draft that would cross
+    one costs a second forward: k stops at the window end unless the longer draft is worth that."""
+    k = AdaptiveK(SpecConfig(k_max=16, k_probe=4), pieces=piece_sizes)
+    k.observe_forward(1, 0.030)
+    k.observe_draft(4, 0.00001)  # lookup: free
+    for n in range(2, 18):
+        k.observe_forward(n, 0.060 + 0.005 * (n - 1))  # a forward's fixed cost dominates (a CPU's verify)
+    for _ in range(10):
+        k.observe_round(16, 16, kind=1)
+    assert piece_sizes(WINDOW - 12, 17) == (12, 5)
+    assert k.choose(16, 1) == 16  # without a position: one forward of 17
+    assert k.choose(16, 1, WINDOW - 12, 1) == 11  # 1 pending + 11 drafted fill the window: one forward
+    assert k.choose(16, 1, WINDOW, 1) == 16  # at a window start the whole draft fits
+    assert not k.splits(WINDOW - 6, 6) and k.splits(WINDOW - 6, 7)
+    assert k.forward_cost(WINDOW - 6, 17) == pytest.approx(k.forward_cost(0, 6) + k.forward_cost(0, 11))
+    # an unstaged target (no pieces): a forward is one forward whatever its position
+    plain = AdaptiveK(SpecConfig(k_max=16, k_probe=4))
+    assert not plain.splits(WINDOW - 6, 17)
+
+
+def test_a_copied_passage_survives_one_miss() -> None:
+    """Lookup's copied passages (kind 1) start from a stronger prior than bare matches: one rejected first
+    token lowers their estimate less, so copying goes on (a weight of 1 switched it off on edit prompts)."""
+    k = AdaptiveK(SpecConfig())
+    k.observe_round(6, 0, kind=1)
+    k.observe_round(6, 0, kind=0)
+    assert k.alpha_of(0) < 0.5 < k.alpha_of(1)
 
 
 # -- vocabulary compatibility ----------------------------------------------------------------------------
