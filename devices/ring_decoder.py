@@ -63,6 +63,9 @@ class RingDecoder:
         self._policy, self._max_rollback, self._default_sink = policy, max_rollback, sink
         self._prefill_chunk, self._bind_all, self._static_q = prefill_chunk, bind_all, static_q
         self.cache = self._new_cache(sink)
+        # past-prefix views per (layer, slots), of this cache (see _past_feeds)
+        self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._views_of: RingKVCache | None = None
         if static_q is not None and static_q > self.cache.max_step:
             raise ValueError(
                 f"the static prefill graph takes {static_q} tokens but the KV ring holds {self.cache.max_step} "
@@ -117,12 +120,17 @@ class RingDecoder:
 
     def _past_feeds(self, layers: Iterable[int], bound: Mapping[int, int]) -> dict[str, np.ndarray]:
         """past_key_i / past_value_i for the layers: a slot prefix of a slot-major buffer is contiguous, so
-        they are bound by pointer, no copy."""
+        they are bound by pointer, no copy. The same prefix is fed as the same view object (a runner leaves
+        an input bound while it is fed the same array)."""
         cache, feeds = self.cache, {}
+        if self._views_of is not cache:
+            self._views, self._views_of = {}, cache
         for i in layers:
             b = bound[self._kinds[i]]
-            feeds[f"past_key_{i}"] = cache.keys[i][:, :b]
-            feeds[f"past_value_{i}"] = cache.values[i][:, :b]
+            pair = self._views.get((i, b))
+            if pair is None:
+                pair = self._views[(i, b)] = (cache.keys[i][:, :b], cache.values[i][:, :b])
+            feeds[f"past_key_{i}"], feeds[f"past_value_{i}"] = pair
         return feeds
 
     # -- running -------------------------------------------------------------------------------------

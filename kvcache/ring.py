@@ -24,6 +24,7 @@ from edge.errors import ContextOverflowError
 
 from .spec import POLICIES, LayerKind, LayerSpec, OverflowPolicy
 
+GatheredKV = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per layer K, per layer V
 NEG_INF = np.float32(-np.inf)
 
 
@@ -184,6 +185,8 @@ class RingKVCache:
             for j, layer in enumerate(idx):
                 k_views[layer], v_views[layer] = group.k[j], group.v[j]
         self._k, self._v = tuple(k_views), tuple(v_views)
+        # the last gather of consecutive slots: (their slices per group, the views returned)
+        self._gathered: tuple[tuple[tuple[int, int] | None, ...], GatheredKV] | None = None
         self._slot_pos = tuple(np.full(k.capacity, -1, np.int64) for k in self._kinds)
         self._position = 0
         self._undo: deque[_Undo] = deque()
@@ -295,22 +298,29 @@ class RingKVCache:
         """The slot each absolute position is written to in a layer."""
         return self._slots(self._kinds[self._layer_kind[layer]], np.asarray(positions, np.int64))
 
-    def gather(self, positions: np.ndarray) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    def gather(self, positions: np.ndarray) -> GatheredKV:
         """Per layer the K and V [1, n, kvh, hd] of the slots these consecutive positions map to: views of the
         buffers when the slots are consecutive too, else copies (one numpy take per group). A slot holds whatever
-        was last written there, so callers mask what they did not write; read them before the next commit."""
+        was last written there, so callers mask what they did not write; read them before the next commit.
+        Asked for the same slots again, it returns the same view objects (a runtime then keeps them bound)."""
+        pos = np.asarray(positions, np.int64)
+        indices = [_index(self._slots(self._kinds[g.kind], pos)) for g in self._groups]
+        key = tuple((i.start, i.stop) if isinstance(i, slice) else None for i in indices)
+        if self._gathered is not None and self._gathered[0] == key:
+            return self._gathered[1]
         k_out: list[np.ndarray] = [np.empty(0)] * len(self._specs)
         v_out = list(k_out)
-        pos = np.asarray(positions, np.int64)
-        for g in self._groups:
-            index = _index(self._slots(self._kinds[g.kind], pos))
+        for g, index in zip(self._groups, indices, strict=True):
             if isinstance(index, slice):  # [n_layers, 1, n, kvh, hd] views (each layer's part contiguous)
                 gk, gv = g.k[:, :, index], g.v[:, :, index]
             else:  # np.take: C-contiguous copies (runtimes bind inputs by pointer)
                 gk, gv = g.k.take(index, axis=2), g.v.take(index, axis=2)
             for j, layer in enumerate(g.layers):
                 k_out[layer], v_out[layer] = gk[j], gv[j]
-        return tuple(k_out), tuple(v_out)
+        out = (tuple(k_out), tuple(v_out))
+        # only views are kept: a copy is of the slots' content now, and they are written at every commit
+        self._gathered = (key, out) if None not in key else None
+        return out
 
     # --- the step -----------------------------------------------------------------------------------------
 

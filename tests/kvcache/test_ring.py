@@ -187,6 +187,31 @@ def test_buffers_are_never_reallocated() -> None:
         np.testing.assert_array_equal(view, buf)
 
 
+def test_gather_hands_out_the_same_views_for_the_same_slots() -> None:
+    """A runtime leaves an input bound while it is fed the same array object (devices/runners.py): gathering
+    the same consecutive slots again returns the same views, which show what was written since; slots that
+    are not consecutive (a wrap) are copies, made anew every time."""
+    cache = RingKVCache([G6, G6], sink=2)
+    feed(cache, 3)
+    window = np.arange(2, 5)
+    k1, v1 = cache.gather(window)
+    k2, v2 = cache.gather(window)
+    assert all(a is b for a, b in zip((*k1, *v1), (*k2, *v2), strict=True))
+    assert all(np.shares_memory(k, buf) for k, buf in zip(k1, cache.keys, strict=True))
+    rng = np.random.default_rng(5)
+    ks, vs = new_kv(cache, 1, rng)
+    step_with(cache, ks, vs)  # position 3 -> slot 3, inside the gathered window
+    k3, _ = cache.gather(window)
+    assert k3[0] is k1[0]
+    np.testing.assert_array_equal(k3[0][0, 1], ks[0][0, 0])
+    assert cache.gather(np.arange(3, 6))[0][0] is not k1[0]  # other slots: other views
+    feed(cache, 4, seed=6)  # position 8: the ring (slots 2..5) has wrapped
+    wrapped = np.arange(5, 8)  # slots 5, 2, 3
+    a, b = cache.gather(wrapped)[0][0], cache.gather(wrapped)[0][0]
+    assert a is not b and not np.shares_memory(a, cache.keys[0])
+    np.testing.assert_array_equal(a, b)
+
+
 def test_occupied_prefix_before_and_after_wrap() -> None:
     cache = RingKVCache([G6, LayerSpec(2, 4, 4, window=4), G6], sink=2)
     glob, local = cache.kinds
