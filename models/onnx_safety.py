@@ -69,9 +69,9 @@ def _unsafe_location(location: str) -> str | None:
     return None
 
 
-def check_onnx_file(path: str | os.PathLike[str]) -> None:
+def check_onnx_file(path: str | os.PathLike[str]) -> frozenset[Path]:
     """Raise ModelFormatError unless `path` parses as ONNX and all its external data lies, in range, in
-    regular files inside the folder of `path` (symlinks resolved)."""
+    regular files inside the folder of `path` (symlinks resolved); the external data files it read."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -110,3 +110,4 @@ def check_onnx_file(path: str | os.PathLike[str]) -> None:
             raise ModelFormatError(
                 f"{what} needs bytes {offset}..{end} of {location!r}, which has {sizes[target]}", hint=_HINT
             )
+    return frozenset(sizes)
