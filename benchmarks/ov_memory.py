@@ -175,7 +175,9 @@ def _cold_cache(root: Path) -> dict[str, str]:
 def _run(cmd: list[str], cold: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:  # beside the cache: hard links work
         env = _cold_cache(Path(tmp)) if cold else None
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True, env=env)
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "cold": cold}
 
 
