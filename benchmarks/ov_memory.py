@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -73,7 +74,18 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     phases: list[dict[str, Any]] = []
 
     def phase(name: str, t0: float) -> None:
-        phases.append({"phase": name, "s": time.perf_counter() - t0, **_status(), "graph": _graph_pages()})
+        use = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = use.ru_utime + use.ru_stime
+        phases.append(
+            {
+                "phase": name,
+                "s": time.perf_counter() - t0,
+                "cpu_s": cpu - (phases[-1]["cpu_total"] if phases else cpu),
+                "cpu_total": cpu,
+                **_status(),
+                "graph": _graph_pages(),
+            }
+        )
         _reset_peak()
 
     _reset_peak()
@@ -114,9 +126,14 @@ def _key(r: dict[str, Any]) -> tuple[str, str, str]:
     return r["code"], r["backend"], r["precision"]
 
 
+def _median(runs: list[dict[str, Any]], phase: int, key: str) -> float:
+    return statistics.median(r["phases"][phase].get(key, float("nan")) for r in runs)
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     """Phases of each entry's first round, then per entry: the median peak over rounds, its ratio to
-    llama.cpp's, the load time, and whether every run of that backend and precision (any code, any round)
+    llama.cpp's, the median load and first-prefill times (wall and the process's CPU time: a
+    busy machine stretches the first, much less the second), and whether every run of that backend and precision (any code, any round)
     produced the same greedy tokens (the before/after check)."""
     lines = [
         "| code | backend | precision | phase | s | RSS MB | anon MB | file MB | of it graph/blob MB | "
@@ -135,8 +152,9 @@ def table(runs: list[dict[str, Any]]) -> str:
             )
     lines += [
         "",
-        "| code | backend | precision | peak RSS MB (rounds) | x llama.cpp | load s | same greedy tokens |",
-        "|---|---|---|---|---|---|---|",
+        "| code | backend | precision | peak RSS MB (rounds) | x llama.cpp | load s (CPU s) | "
+        "first prefill s (CPU s) | same greedy tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ref = [r["peak_mb"] for r in runs if r["backend"] == "llamacpp"]
     ref_mb = statistics.median(ref) if ref else None
@@ -144,7 +162,11 @@ def table(runs: list[dict[str, Any]]) -> str:
         rs = [r for r in runs if _key(r) == key]
         peak = statistics.median(r["peak_mb"] for r in rs)
         ratio = f"{peak / ref_mb:.2f}" if ref_mb else "-"
-        load = statistics.median(r["phases"][1]["s"] for r in rs)
+        load, prefill = (
+            (_median(rs, 1, k) for k in ("s", "cpu_s")),
+            (_median(rs, 2, k) for k in ("s", "cpu_s")),
+        )
+        load_s, prefill_s = "{:.2f} ({:.2f})".format(*load), "{:.2f} ({:.2f})".format(*prefill)
         # the same backend and precision in any code, any round: one greedy sequence
         same = all(
             x["tokens"] == rs[0]["tokens"]
@@ -153,7 +175,8 @@ def table(runs: list[dict[str, Any]]) -> str:
         )
         peaks = ", ".join(str(r["peak_mb"]) for r in rs)
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {peak:.0f} ({peaks}) | {ratio} | {load:.2f} | {same} |"
+            f"| {key[0]} | {key[1]} | {key[2]} | {peak:.0f} ({peaks}) | {ratio} | {load_s} | {prefill_s} | "
+            f"{same} |"
         )
     return "\n".join(lines)
 
@@ -199,12 +222,20 @@ def main() -> None:
     )
     ap.add_argument("--cold", action="store_true", help="no compiled blob cached: the first load")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--table", type=Path, help="print the tables of a --json file written before, run nothing"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", help=argparse.SUPPRESS)
     ap.add_argument("--precision", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)))
+        return
+    if args.table:
+        saved = json.loads(args.table.read_text())
+        print(table(saved["runs"]))
+        print(f"\nload average 1 min: {saved['load_avg_1m'][0]:.2f} -> {saved['load_avg_1m'][1]:.2f}")
         return
     runs: list[dict[str, Any]] = []
     load_avg = [os.getloadavg()[0]]
