@@ -2,7 +2,7 @@
 
 OpenVINO's CPU plugin maps its source weights (the cached blob, or the ONNX external data) read-only and, on
 the first inference, repacks every weight into its own buffers; the mapped pages it read stay resident
-(counted in the process's RSS) although nothing reads them again. Dropping them (madvise MADV_DONTNEED on a
+(counted in the process's RSS) although only a few small constants are ever read there again. Dropping them (madvise MADV_DONTNEED on a
 read-only shared file mapping) only unmaps them: the file and the OS page cache are untouched, and a later
 read faults the same bytes back in, so it can never change a result, only cost a page fault.
 Linux only; elsewhere every call is a no-op.
@@ -92,7 +92,7 @@ def mapped_resident(sources: tuple[str, ...]) -> int:
         return 0
     for line in lines:
         parts = line.split(maxsplit=5)
-        if parts and "-" in parts[0] and len(parts) >= 5 and not parts[0].endswith(":"):
+        if parts and ":" not in parts[0]:  # a mapping's header line; its fields follow
             counting = len(parts) == 6 and parts[1] == "r--s" and _named(parts[5], sources)
         elif counting and parts[0] == "Rss:":
             total += int(parts[1]) * 1024

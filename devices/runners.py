@@ -17,8 +17,9 @@ from edge.errors import BackendUnavailableError, DeviceError
 from edge.models.onnx_safety import check_onnx_file
 
 OV_DQ_GROUP = 32  # OpenVINO's default: one int8 scale per 32 activations
-# OpenVINO repacks a weight on the first inference that reads it; a prefill in chunks and the first decode
-# step have all been run after this many inferences (measured: no source page is read again after the first)
+# OpenVINO's CPU plugin repacks the weights on the first inference; the source pages are dropped during this
+# many (a margin: on qwen2.5-coder-1.5b only norms and other small constants, ~8 MB, are read again later, in
+# place, and fault back in)
 OV_REPACK_RUNS = 3
 
 
