@@ -88,6 +88,9 @@ VARIANTS: dict[str, Variant] = {
     "qkv16head16": Variant(
         "attn q k v and lm_head in 16-element blocks", blocks={r"\.attn_q": 16, r"^(output|token_embd)": 16}
     ),
+    "dq16": Variant(
+        "OpenVINO: activations quantized per 16 (DYNAMIC_QUANTIZATION_GROUP_SIZE 16)", ov_group=16
+    ),
     "all16": Variant("every linear in 16-element blocks", blocks={".": 16}),
     "first0": Variant("layers 0-3 at level 0", levels={_LAYERS.format("0|1|2|3"): 0}),
     "last0": Variant("the last 4 layers at level 0", levels={"LAST4": 0}),
@@ -97,18 +100,6 @@ VARIANTS: dict[str, Variant] = {
 def _last_layers(gguf: GGUFFile, n: int) -> str:
     count = 1 + max(int(m.group(1)) for t in gguf.tensors if (m := re.match(r"blk\.(\d+)\.", t)))
     return _LAYERS.format("|".join(str(i) for i in range(count - n, count)))
-
-
-def _reblock(w: BlockWeight, size: int) -> BlockWeight:
-    """The same weight in blocks of `size` (a divisor of its block size): each block's parameters repeated."""
-    r = w.block_size // size
-    if r * size != w.block_size or w.k % w.block_size:
-        raise SystemExit(f"cannot re-block {w.block_size} -> {size} (k {w.k})")
-
-    def rep(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else np.ascontiguousarray(np.repeat(a, r, axis=1))
-
-    return replace(w, block_size=size, scales=rep(w.scales), zero_points=rep(w.zero_points), bias=rep(w.bias))
 
 
 def _relevel(dec: GraphDecoder, levels: dict[str, int], blocks: dict[str, int], work: Path) -> None:
@@ -125,7 +116,7 @@ def _relevel(dec: GraphDecoder, levels: dict[str, int], blocks: dict[str, int], 
         if not isinstance(w, BlockWeight) or (level in (None, lin.accuracy_level) and size is None):
             continue
         level = lin.accuracy_level if level is None else level
-        new = w if size is None else _reblock(w, size)
+        new = w if size is None else w.split_blocks(size)
         nibbles = lin.form == "nibbles" or (w.bits == 8 and level == 0)
         emit_linear(model, lin, new, lowering="nibbles" if nibbles else "nbits", accuracy_level=level)
         changed += 1
