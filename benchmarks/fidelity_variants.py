@@ -63,8 +63,13 @@ class Variant:
 
 
 _LAYERS = "blk\\.({})\\."
+_QKV = r"\.attn_(q|k|v|qkv)(\.weight|_fused)$"
 VARIANTS: dict[str, Variant] = {
     "fast": Variant("the current fast graph"),
+    "qkv32": Variant(
+        "Q/K/V in 32-element blocks (ORT's fast graph before fine_qkv_blocks)", blocks={_QKV: 32}
+    ),
+    "dq32": Variant("OpenVINO: DYNAMIC_QUANTIZATION_GROUP_SIZE 32 (before)", ov_group=32),
     "head0": Variant("lm_head at level 0 (fp32 activations)", {"head_accuracy_level": 0}),
     "body0": Variant(
         "every layer linear at level 0, head at 4", {"accuracy_level": 0, "head_accuracy_level": 4}
@@ -97,9 +102,38 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+def combine(v: Variant, base: Variant) -> Variant:
+    """`v` on top of `base`'s changes (v's own win where both set one)."""
+    return Variant(
+        v.doc,
+        {**base.options, **v.options},
+        {**v.levels, **base.levels} | v.levels,
+        v.ov_group if v.ov_group is not None else base.ov_group,
+        {**v.blocks, **base.blocks} | v.blocks,
+    )
+
+
 def _last_layers(gguf: GGUFFile, n: int) -> str:
     count = 1 + max(int(m.group(1)) for t in gguf.tensors if (m := re.match(r"blk\.(\d+)\.", t)))
     return _LAYERS.format("|".join(str(i) for i in range(count - n, count)))
+
+
+def _resize(w: BlockWeight, size: int) -> BlockWeight:
+    """`w` in blocks of `size`: split, or merged where the blocks merged have equal scales, zero points, bias."""
+    if size <= w.block_size:
+        return w.split_blocks(size)
+    r = size // w.block_size
+
+    def take(a: np.ndarray | None) -> np.ndarray | None:
+        if a is None:
+            return None
+        if not np.array_equal(np.repeat(a[:, ::r], r, axis=1), a):
+            raise SystemExit(f"blocks of {w.block_size} do not merge into {size}")
+        return np.ascontiguousarray(a[:, ::r])
+
+    return replace(
+        w, block_size=size, scales=take(w.scales), zero_points=take(w.zero_points), bias=take(w.bias)
+    )
 
 
 def _relevel(dec: GraphDecoder, levels: dict[str, int], blocks: dict[str, int], work: Path) -> None:
@@ -115,8 +149,12 @@ def _relevel(dec: GraphDecoder, levels: dict[str, int], blocks: dict[str, int], 
         w = lin.weight
         if not isinstance(w, BlockWeight) or (level in (None, lin.accuracy_level) and size is None):
             continue
+        if size is not None and size > w.block_size and w.bits != 4:
+            size = None  # merging undoes fine_qkv_blocks (4-bit only); Q6_K's own 16-blocks stay
+        if level in (None, lin.accuracy_level) and size is None:
+            continue
         level = lin.accuracy_level if level is None else level
-        new = w if size is None else w.split_blocks(size)
+        new = w if size is None else _resize(w, size)
         nibbles = lin.form == "nibbles" or (w.bits == 8 and level == 0)
         emit_linear(model, lin, new, lowering="nibbles" if nibbles else "nbits", accuracy_level=level)
         changed += 1
@@ -178,13 +216,16 @@ def llamacpp_fidelity(path: Path, ids: list[int], refs: list[np.ndarray], capaci
         dec.close()
 
 
-def step_ms(dec: GraphDecoder, prompt: list[int], token: int) -> float:
+def step_ms(dec: GraphDecoder, prompt: list[int], token: int) -> tuple[float, float]:
+    """(prefill of the prompt, one decode step after it), in ms."""
     dec.reset()
+    t = time.perf_counter()
     dec.forward(prompt, last_only=True)
+    prefill = (time.perf_counter() - t) * 1e3
     t = time.perf_counter()
     for _ in range(48):
         dec.forward([token])
-    return (time.perf_counter() - t) / 48 * 1e3
+    return prefill, (time.perf_counter() - t) / 48 * 1e3
 
 
 def main() -> None:
@@ -196,6 +237,12 @@ def main() -> None:
     ap.add_argument("--timing", type=int, default=5, help="timed rounds (0: fidelity only)")
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp's KL to the same reference")
+    ap.add_argument(
+        "--on",
+        choices=list(VARIANTS),
+        help="every variant on top of this one (--on qkv32: the ORT graph before fine_qkv_blocks)",
+    )
+    ap.add_argument("--baseline", default="fast", help="the variant the timings are ratios to")
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
@@ -213,7 +260,8 @@ def main() -> None:
                 print(rows[-1], flush=True)
             decs = {}
             for name in args.variants:
-                dec = open_variant(gguf, args.backend, VARIANTS[name], len(ids), work)
+                v = VARIANTS[name] if args.on is None else combine(VARIANTS[name], VARIANTS[args.on])
+                dec = open_variant(gguf, args.backend, v, len(ids), work)
                 dec.reset()
                 got = fidelity(dec.forward, ids, refs)
                 rows.append(
@@ -232,16 +280,24 @@ def main() -> None:
                     dec.close()
             if decs:
                 prompt = ids[: args.context]
-                times: dict[str, list[float]] = {n: [] for n in decs}
+                times: dict[str, list[tuple[float, float]]] = {n: [] for n in decs}
                 names = list(decs)
                 for r in range(args.timing):
                     for n in names[r % len(names) :] + names[: r % len(names)]:
                         times[n].append(step_ms(decs[n], prompt, ids[args.context]))
-                base = statistics.median(times.get("fast", times[names[0]]))
+                med = {
+                    n: (statistics.median(p for p, _ in t), statistics.median(d for _, d in t))
+                    for n, t in times.items()
+                }
+                base = med.get(args.baseline, med[names[0]])
                 for row in rows:
-                    if row["model"] == model and row["variant"] in times:
-                        row["step_ms"] = round(statistics.median(times[row["variant"]]), 3)
-                        row["step_ratio"] = round(row["step_ms"] / base, 3)
+                    if row["model"] == model and row["variant"] in med:
+                        prefill, step = med[row["variant"]]
+                        row["step_ms"], row["step_ratio"] = round(step, 3), round(step / base[1], 3)
+                        row["prefill_ms"], row["prefill_ratio"] = (
+                            round(prefill, 2),
+                            round(prefill / base[0], 3),
+                        )
                 for d in decs.values():
                     d.close()
             loads.append(os.getloadavg()[0])
@@ -257,14 +313,16 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, loads: list[floa
     cmd = " ".join(sys.argv[1:])
     lines = [
         f"`python benchmarks/fidelity_variants.py {cmd}`: KL to the exact {args.backend} graph on the decode path "
-        f"({args.tokens} tokens of eval.txt), decode step at {args.context} context tokens (2 threads, medians of "
-        f"{args.timing} rotating rounds). Load average 1 min: {' -> '.join(f'{x:.2f}' for x in loads)}.",
+        f"({args.tokens} tokens of eval.txt); a {args.context}-token prefill and a decode step after it (2 threads, "
+        f"medians of {args.timing} rotating rounds). Load average 1 min: {' -> '.join(f'{x:.2f}' for x in loads)}.",
         "",
-        "| model | variant | what | KL mean | KL p99 | top-1 | step ms | x fast |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| model | variant | what | KL mean | KL p99 | top-1 | decode step ms | x {args.baseline} | "
+        f"prefill ms | x {args.baseline} |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {r['model']} | {r['variant']} | {r['doc']} | {r['kl_mean']:.5f} | {r['kl_p99']:.4f} | "
-            f"{100 * r['top1']:.1f}% | {r.get('step_ms', '-')} | {r.get('step_ratio', '-')} |"
+            f"{100 * r['top1']:.1f}% | {r.get('step_ms', '-')} | {r.get('step_ratio', '-')} | "
+            f"{r.get('prefill_ms', '-')} | {r.get('prefill_ratio', '-')} |"
             for r in rows
         ),
     ]

@@ -143,11 +143,12 @@ def fine_qkv_blocks(model: ir.Model, ctx: PassContext) -> int:
     """4-bit Q, K, V projections at accuracy level 4 (int8 activations) -> blocks of 16 (each block's scale and
     bias repeated: the same weights exactly).
 
-    The runtimes quantize x to int8 per weight block (ORT: per MatMulNBits block, as llama.cpp's q8 per 32);
-    halving the block halves the rounding's reach. The attention projections are where that rounding costs most
-    fidelity per byte (benchmarks/fidelity_variants.py, smollm2-135m Q4_1 on ORT, KL to the exact graph: fast
-    0.00346, Q/K/V in 16-blocks 0.00278 for +2% decode, llama.cpp 0.00303; every layer linear in 16-blocks
-    0.00237 for +32%; the 8-bit lm_head in 16-blocks 0.00316 for +11%). 8-bit weights stay as they are."""
+    ORT quantizes x to int8 per MatMulNBits block (one scale per 32 inputs for GGUF blocks, as llama.cpp's q8);
+    a 16-element block scales the int8 steps to a smaller max. The attention projections are where that rounding
+    costs most fidelity per byte (benchmarks/results/fidelity-smollm2-2026-12-01.md, smollm2-135m Q4_1, KL to the
+    exact graph on the decode path: ORT 0.00346 -> 0.00278 for ~+2% decode, OpenVINO 0.00334 -> 0.00247;
+    llama.cpp 0.00303. Every layer linear in 16-blocks: 0.00237 for +32%; the Q8_0 head: 0.00316 for +11%).
+    8-bit weights stay as they are (the 16-block head's cost)."""
     changed = 0
     for lin in linears_in(model):
         w = lin.weight

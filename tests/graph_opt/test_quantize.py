@@ -322,7 +322,10 @@ def test_fine_qkv_blocks_at_fast(tmp_path: Path, arch: str) -> None:
     graph_opt.optimize(exact, "ort", precision="exact")
     want = np.concatenate([run_ort(exact, f)["logits"] for f in evals], axis=1)
     fast_passes = graph_opt.pipeline("ort", precision="fast")
-    assert "fine_qkv_blocks" in fast_passes and "fine_qkv_blocks" not in graph_opt.pipeline("ort")
+    assert "fine_qkv_blocks" in fast_passes and "fine_qkv_blocks" in graph_opt.pipeline(
+        "openvino", precision="fast"
+    )
+    assert "fine_qkv_blocks" not in graph_opt.pipeline("ort") + graph_opt.pipeline("openvino")
     graphs, kl = {}, {}
     for name, passes in (
         ("fine", fast_passes),
