@@ -309,7 +309,9 @@ def main() -> None:
 def write(rows: list[dict[str, Any]], args: argparse.Namespace, loads: list[float]) -> None:
     day = dt.date.today().isoformat()
     stem = RESULTS / f"fidelity-variants-{'-'.join(args.models)}-{args.backend}{args.tag}-{day}"
-    stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "load_avg_1min": loads}, indent=1))
+    stem.with_name(stem.name + ".json").write_text(
+        json.dumps({"rows": rows, "load_avg_1min": loads}, indent=1)
+    )
     cmd = " ".join(sys.argv[1:])
     lines = [
         f"`python benchmarks/fidelity_variants.py {cmd}`: KL to the exact {args.backend} graph on the decode path "
@@ -326,7 +328,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, loads: list[floa
             for r in rows
         ),
     ]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

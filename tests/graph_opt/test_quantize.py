@@ -326,7 +326,9 @@ def test_fine_qkv_blocks_at_fast(tmp_path: Path, arch: str) -> None:
         "openvino", precision="fast"
     )
     assert "fine_qkv_blocks" not in graph_opt.pipeline("ort") + graph_opt.pipeline("openvino")
-    graphs, kl = {}, {}
+    graphs: dict[str, list] = {}
+    kl: dict[str, float] = {}
+    bias_terms: dict[str, dict] = {}
     for name, passes in (
         ("fine", fast_passes),
         ("plain", [p for p in fast_passes if p != "fine_qkv_blocks"]),
@@ -335,6 +337,7 @@ def test_fine_qkv_blocks_at_fast(tmp_path: Path, arch: str) -> None:
         run_passes(model, passes, PassContext("ort", {"accuracy_level": 4}))
         got = np.concatenate([run_ort(model, f)["logits"] for f in evals], axis=1)
         graphs[name], (kl[name], _) = graph_opt.linears_in(model), _kl_top1(want, got)
+        bias_terms[name] = {v.name: v.shape for v in model.graph.initializers.values() if "bias_t" in v.name}
     fine, plain = graphs["fine"], graphs["plain"]
     split = [a.name for a in fine if a.weight.block_size == 16]
     assert split and all(re.search(r"\.attn_(q|qkv)(\.weight|_fused)$", n) for n in split)
@@ -342,5 +345,6 @@ def test_fine_qkv_blocks_at_fast(tmp_path: Path, arch: str) -> None:
         assert a.name == b.name and a.accuracy_level == b.accuracy_level == 4
         assert a.weight.block_size == (16 if a.name in split else b.weight.block_size)
         np.testing.assert_array_equal(a.weight.dequantize(), b.weight.dequantize())
+    assert bias_terms["fine"] == bias_terms["plain"]  # the bias term stays at the file's blocks (Q4_1: 32)
     print(f"{arch}: KL to exact, fast {kl['plain']:.2e}, fast with 16-blocks Q/K/V {kl['fine']:.2e}")
     assert kl["fine"] < kl["plain"]
