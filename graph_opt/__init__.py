@@ -8,7 +8,14 @@ from edge.graph_opt.fold import fold
 from edge.graph_opt.forms import FORMS
 from edge.graph_opt.gelu import gelu
 from edge.graph_opt.linear import BlockWeight, Linear, emit_linear, is_linear_node, linear_protos, linears_in
-from edge.graph_opt.lower import center_codes, float_zero_points, int8_nibbles, lower, lowering_for
+from edge.graph_opt.lower import (
+    center_codes,
+    fine_qkv_blocks,
+    float_zero_points,
+    int8_nibbles,
+    lower,
+    lowering_for,
+)
 from edge.graph_opt.manager import (
     PASSES,
     TARGETS,
@@ -71,6 +78,7 @@ __all__ = [
     "collect_hessians",
     "dynamic_dims",
     "emit_linear",
+    "fine_qkv_blocks",
     "float_zero_points",
     "fold",
     "gelu",

@@ -244,14 +244,25 @@ def emit_bias_term(e: Emitter, w: BlockWeight, main: ir.Value) -> ir.Value:
     """main + blocksum(x) @ bias^T: each block's bias times the sum of x over that block's inputs, x viewed as
     [.., k_blocks, block] (Reshape's 0 keeps x's leading dims)."""
     assert w.bias is not None
-    kb, bs = w.k_blocks, w.block_size
+    bias, bs = _coarsest_bias(w)
+    kb = w.k // bs
     if kb * bs != w.k:
         raise ValueError(f"{e.name}: a block bias needs k ({w.k}) a multiple of the block ({bs})")
     shape = e.init("block_shape", np.array([0] * (e.rank - 1) + [kb, bs], np.int64))
     axis = e.init("last_axis", np.array([-1], np.int64))
     sums = e.op("ReduceSum", [e.op("Reshape", [e.x, shape], "blocksum"), axis], "blocksum", keepdims=0)
-    bias_t = e.init("bias_t", np.ascontiguousarray(w.bias.T.astype(_F32)))
+    bias_t = e.init("bias_t", np.ascontiguousarray(bias.T.astype(_F32)))
     return e.op("Add", [main, e.op("MatMul", [sums, bias_t], "bias")], "bias")
+
+
+def _coarsest_bias(w: BlockWeight) -> tuple[np.ndarray, int]:
+    """(bias, block) over the largest span of whole blocks the bias is constant on: a weight split into finer
+    blocks (BlockWeight.split_blocks) keeps its bias term at the original block, half the sums and bias bytes."""
+    assert w.bias is not None
+    bias, bs = w.bias, w.block_size
+    while bias.shape[1] % 2 == 0 and w.k % (2 * bs) == 0 and np.array_equal(bias[:, 0::2], bias[:, 1::2]):
+        bias, bs = np.ascontiguousarray(bias[:, 0::2]), 2 * bs
+    return bias, bs
 
 
 def read_bias_term(nodes: Sequence[ir.Node], x: ir.Value) -> tuple[np.ndarray, int, list[ir.Node]]:

@@ -209,8 +209,9 @@ def _read(name: str, nodes: Sequence[ir.Node]) -> Linear:
         own, shared, y, weight = list(parts["weight"]), None, read.y, read.weight
         if parts["bias"]:
             bias, block, shared = read_bias_term(parts["bias"], read.x)
-            if not isinstance(weight, BlockWeight) or block != weight.block_size:
+            if not isinstance(weight, BlockWeight) or block % weight.block_size or weight.k % block:
                 raise ValueError("a block-bias term on a weight with other blocks")
+            bias = np.repeat(bias, block // weight.block_size, axis=1)  # emitted over whole coarser blocks
             weight = replace(weight, bias=bias if weight.bias is None else weight.bias + bias)
             own += parts["bias"]
             y = parts["bias"][-1].outputs[0]

@@ -36,10 +36,11 @@ FUSIONS = {
 LOWERINGS: dict[str, list[str]] = {"ort": ["int8_nibbles"], "openvino": ["float_zero_points"], "coreml": []}
 # With int8 activations (precision "fast") a runtime's int8 kernels want integer zero points: the block-bias
 # term of min-offset formats stays a separate small matmul instead of becoming float zero points (OpenVINO's
-# dynamic quantization skips weights with float zero points)
+# dynamic quantization skips weights with float zero points), and 4-bit Q/K/V projections take 16-element blocks
+# (finer int8 steps for their inputs; see lower.fine_qkv_blocks)
 FAST_LOWERINGS: dict[str, list[str]] = {
-    "ort": ["center_codes", "int8_nibbles"],
-    "openvino": ["center_codes"],
+    "ort": ["center_codes", "fine_qkv_blocks", "int8_nibbles"],
+    "openvino": ["center_codes", "fine_qkv_blocks"],
     "coreml": [],
 }
 # Fusions whose fused kernel rounds differently from the nodes it replaces (~1 ulp): only where precision "fast"

@@ -59,6 +59,26 @@ class BlockWeight:
             w += self.bias[..., None]
         return w.reshape(self.n, -1)[:, : self.k]
 
+    def split_blocks(self, size: int) -> BlockWeight:
+        """The same weight in blocks of `size` (a divisor of the block size, k whole blocks): each block's
+        scale, zero point and bias repeated, so every weight dequantizes to the same float."""
+        if size < 1 or self.block_size % size or self.k % self.block_size:
+            raise ValueError(
+                f"cannot split {self.block_size}-element blocks of k={self.k} into blocks of {size}"
+            )
+        r = self.block_size // size
+
+        def rep(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.ascontiguousarray(np.repeat(a, r, axis=1))
+
+        return replace(
+            self,
+            block_size=size,
+            scales=rep(self.scales),
+            zero_points=rep(self.zero_points),
+            bias=rep(self.bias),
+        )
+
     def float_zero_points(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The block bias folded into float zero points: (codes, scales, zero points) with
         (code - zp) * scale == W up to float rounding; scale-0 blocks (every weight equals its bias) exactly,

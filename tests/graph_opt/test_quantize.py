@@ -3,6 +3,7 @@ mixed-precision policy, and the quantize / lower passes on tiny models (all thre
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -307,3 +308,43 @@ def test_nibbles_lowering_of_a_per_channel_int8_weight() -> None:
         outs[form] = run_ort(model, feeds)["y_w"]
     assert np.abs(outs["nibbles"] - outs["nbits"]).max() < 1e-5 * np.abs(outs["nbits"]).max()
     assert np.abs(outs["nbits"] - feeds["x"] @ q.dequantize().T).max() < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])  # Q, K, V fused by the builder; phi3's own attn_qkv
+def test_fine_qkv_blocks_at_fast(tmp_path: Path, arch: str) -> None:
+    """ORT at precision fast: the 4-bit Q/K/V projections (int8 activations) run in 16-element blocks, the
+    same weights exactly, every other linear as it was; and the logits are closer to the exact graph's than
+    the fast graph's without the pass (x rounded to int8 per 16 inputs instead of 32)."""
+    path = write_tiny_model(tmp_path / "m.gguf", replace(SPECS[arch], weight_type=T.Q4_1))
+    proto = tiny_graph(path)
+    evals = [token_feeds(proto, path, q=32, seed=s) for s in range(4)]
+    exact = to_ir(proto)
+    graph_opt.optimize(exact, "ort", precision="exact")
+    want = np.concatenate([run_ort(exact, f)["logits"] for f in evals], axis=1)
+    fast_passes = graph_opt.pipeline("ort", precision="fast")
+    assert "fine_qkv_blocks" in fast_passes and "fine_qkv_blocks" in graph_opt.pipeline(
+        "openvino", precision="fast"
+    )
+    assert "fine_qkv_blocks" not in graph_opt.pipeline("ort") + graph_opt.pipeline("openvino")
+    graphs: dict[str, list] = {}
+    kl: dict[str, float] = {}
+    bias_terms: dict[str, dict] = {}
+    for name, passes in (
+        ("fine", fast_passes),
+        ("plain", [p for p in fast_passes if p != "fine_qkv_blocks"]),
+    ):
+        model = to_ir(proto)
+        run_passes(model, passes, PassContext("ort", {"accuracy_level": 4}))
+        got = np.concatenate([run_ort(model, f)["logits"] for f in evals], axis=1)
+        graphs[name], (kl[name], _) = graph_opt.linears_in(model), _kl_top1(want, got)
+        bias_terms[name] = {v.name: v.shape for v in model.graph.initializers.values() if "bias_t" in v.name}
+    fine, plain = graphs["fine"], graphs["plain"]
+    split = [a.name for a in fine if a.weight.block_size == 16]
+    assert split and all(re.search(r"\.attn_(q|qkv)(\.weight|_fused)$", n) for n in split)
+    for a, b in zip(fine, plain, strict=True):
+        assert a.name == b.name and a.accuracy_level == b.accuracy_level == 4
+        assert a.weight.block_size == (16 if a.name in split else b.weight.block_size)
+        np.testing.assert_array_equal(a.weight.dequantize(), b.weight.dequantize())
+    assert bias_terms["fine"] == bias_terms["plain"]  # the bias term stays at the file's blocks (Q4_1: 32)
+    print(f"{arch}: KL to exact, fast {kl['plain']:.2e}, fast with 16-blocks Q/K/V {kl['fine']:.2e}")
+    assert kl["fine"] < kl["plain"]
