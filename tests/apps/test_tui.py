@@ -330,8 +330,10 @@ def test_snapshot_conversations(tmp_path: Path, snap_compare: Any, monkeypatch: 
 @sync
 async def test_real_model_stream_stop_ask_again_reopen(tmp_path: Path) -> None:
     store = ConversationStore(tmp_path / "conversations")
+    # room for a long answer: at ~180 tok/s 300 tokens took 1.7 s, and a loaded CI machine's UI loop once saw
+    # the first 20 characters only after the answer had ended
     settings = ChatSettings(
-        model="smollm2-135m", backend="llamacpp", temperature=0.0, max_tokens=300, n_threads=2
+        model="smollm2-135m", backend="llamacpp", temperature=0.0, max_tokens=2000, n_threads=2
     )
     app = ChatApp(settings, store=store, devices=["llamacpp:cpu"])
     async with app.run_test(size=SIZE) as pilot:
