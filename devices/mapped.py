@@ -5,6 +5,10 @@ the first inference, repacks every weight into its own buffers; the mapped pages
 (counted in the process's RSS) although only a few small constants are ever read there again. Dropping them (madvise MADV_DONTNEED on a
 read-only shared file mapping) only unmaps them: the file and the OS page cache are untouched, and a later
 read faults the same bytes back in, so it can never change a result, only cost a page fault.
+While the runtime may unmap a source concurrently (compile_model releases the ONNX data it read), the range
+read from /proc/self/maps can be unmapped and reused by a new anonymous mapping before the madvise lands, where
+MADV_DONTNEED would zero live memory: there MADV_PAGEOUT is used, which reclaims clean file pages (from the page
+cache too) and never discards anonymous data.
 Linux only; elsewhere every call is a no-op.
 """
 
@@ -20,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 _MADV_DONTNEED = 4
+_MADV_PAGEOUT = 21  # Linux 5.4+; EINVAL before, where the call then drops nothing
 
 
 def release_heap() -> None:
@@ -70,15 +75,17 @@ def mapped_sources(files: Iterable[Path] = (), folders: Iterable[Path] = ()) -> 
     return tuple(str(f.resolve()) for f in files) + tuple(str(d.resolve()) + "/" for d in folders)
 
 
-def drop_mapped_pages(sources: tuple[str, ...]) -> int:
+def drop_mapped_pages(sources: tuple[str, ...], *, unmapping: bool = False) -> int:
     """Unmap the resident pages of this process's read-only shared mappings of `sources` (see
-    `mapped_sources`); the bytes of address space covered."""
+    `mapped_sources`); the bytes of address space covered. `unmapping`: another thread may unmap them
+    meanwhile (reclaim them with MADV_PAGEOUT, see the module docstring)."""
     madvise = _madvise()
     if madvise is None or not sources:
         return 0
+    advice = _MADV_PAGEOUT if unmapping else _MADV_DONTNEED
     done = 0
     for lo, hi in _read_only_shared(sources):
-        if madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
+        if madvise(lo, hi - lo, advice) == 0:
             done += hi - lo
     return done
 
@@ -100,9 +107,13 @@ def mapped_resident(sources: tuple[str, ...]) -> int:
 
 
 @contextlib.contextmanager
-def dropping_mapped_pages(sources: tuple[str, ...], every_s: float = 0.1) -> Iterator[None]:
+def dropping_mapped_pages(
+    sources: tuple[str, ...], every_s: float = 0.1, *, unmapping: bool = False
+) -> Iterator[None]:
     """While the block runs, drop the mapped pages of `sources` every `every_s` seconds (and once at the end):
-    a runtime repacking its weights then never holds the source and the repacked copy at once."""
+    a runtime repacking its weights then never holds the source and the repacked copy at once. `unmapping`: the
+    block may unmap sources (a compile), so the drops while it runs reclaim instead (MADV_PAGEOUT); the one at
+    the end, when the block has returned, unmaps as usual."""
     if _madvise() is None or not sources:
         yield
         return
@@ -110,7 +121,7 @@ def dropping_mapped_pages(sources: tuple[str, ...], every_s: float = 0.1) -> Ite
 
     def loop() -> None:
         while not stop.wait(every_s):
-            drop_mapped_pages(sources)
+            drop_mapped_pages(sources, unmapping=unmapping)
 
     thread = threading.Thread(target=loop, name="edge-drop-mapped", daemon=True)
     thread.start()

@@ -17,10 +17,10 @@ from edge.errors import BackendUnavailableError, DeviceError
 from edge.models.onnx_safety import check_onnx_file
 
 OV_DQ_GROUP = 32  # OpenVINO's default: one int8 scale per 32 activations
-# OpenVINO's CPU plugin repacks the weights on the first inference; the source pages are dropped during this
-# many (a margin: on qwen2.5-coder-1.5b only norms and other small constants, ~8 MB, are read again later, in
-# place, and fault back in)
-OV_REPACK_RUNS = 3
+# OpenVINO's CPU plugin repacks the weights on the first runs of each kernel kind; the source pages are dropped
+# during this many: the load's warm-up (RingDecoder.warm_up: many rows, then one). On qwen2.5-coder-1.5b only
+# norms and other small constants, ~8 MB, are read again later, in place, and fault back in
+OV_REPACK_RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,9 @@ class OrtRunner:
         self._binding = self.session.io_binding()
         # the array each input is bound to (the binding holds it too, so it stays alive while bound)
         self._bound: dict[str, np.ndarray] = {}
+        # NOTE: a kept binding reads the array's memory at run time only on the CPU provider; another one
+        # (CUDA, DirectML) copies an input to its device when it is bound, so there every input is rebound
+        self._keep_bindings = self.session.get_providers()[0] == "CPUExecutionProvider"
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]:
         b = self._binding
@@ -118,7 +121,7 @@ class OrtRunner:
             # out the same views until the bound prefix or the window moves): ORT reads its memory at run
             # time, so what the ring wrote since is seen. ORT copies a non-contiguous array when binding it,
             # so those are bound every run. Skipping the ~120 binds of smollm2's step saves ~0.4 ms of ~8.
-            if self._bound.get(name) is not arr or not arr.flags.c_contiguous:
+            if self._bound.get(name) is not arr or not arr.flags.c_contiguous or not self._keep_bindings:
                 b.bind_cpu_input(name, arr)
                 self._bound[name] = arr
         for name in outputs:
@@ -128,6 +131,7 @@ class OrtRunner:
 
     def close(self) -> None:
         self._binding = None  # type: ignore[assignment]
+        self._bound = {}
         self.session = None  # type: ignore[assignment]
 
 
@@ -180,7 +184,9 @@ class OpenVinoRunner:
         self, core: Any, model_path: Path, target: str, config: dict[str, object], blobs: Path | None
     ) -> Any:
         cached = _blob_names(blobs)
-        with dropping_mapped_pages(self._mapped):
+        # a compile from the ONNX graph unmaps its external data while the drops run (mapped.py: they reclaim
+        # then); an import from the blob maps the blob for the model's life
+        with dropping_mapped_pages(self._mapped, unmapping=not cached):
             compiled = core.compile_model(str(model_path), target, config)
         if blobs is not None and _blob_names(blobs) - cached:
             # compiled from the ONNX graph, the model holds its converted weights on the heap (0.95 GB more on

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import mmap
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from edge.devices.mapped import drop_mapped_pages, dropping_mapped_pages, mapped_resident, mapped_sources
+from edge.devices.mapped import (
+    _read_only_shared,
+    drop_mapped_pages,
+    dropping_mapped_pages,
+    mapped_resident,
+    mapped_sources,
+)
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
 from tests.tiny_models import TinySpec, write_tiny_model
 
@@ -34,6 +41,19 @@ def test_drop_unmaps_pages_and_keeps_the_bytes(tmp_path: Path) -> None:
         assert drop_mapped_pages(sources) >= SIZE
         assert mapped_resident(sources) < SIZE // 4
         assert m[:] == data  # read again from the file
+
+
+def test_reclaiming_while_the_mapping_may_change_keeps_the_bytes(tmp_path: Path) -> None:
+    """MADV_PAGEOUT, used while a runtime may unmap its sources: it reclaims the clean file pages and would
+    never zero an anonymous mapping that took over the range."""
+    data = _file(tmp_path / "w.bin")
+    sources = mapped_sources([tmp_path / "w.bin"])
+    with open(tmp_path / "w.bin", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert m[:] == data
+        if drop_mapped_pages(sources, unmapping=True) == 0:
+            pytest.skip("this kernel has no MADV_PAGEOUT (Linux < 5.4): the reclaiming drop is a no-op")
+        assert mapped_resident(sources) < SIZE // 4
+        assert m[:] == data
 
 
 def test_only_the_named_read_only_shared_files(tmp_path: Path) -> None:
@@ -60,6 +80,11 @@ def test_dropping_while_a_block_runs(tmp_path: Path) -> None:
     with open(tmp_path / "w.bin", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         with dropping_mapped_pages(sources, every_s=0.01):
             assert m[:] == data
+            # the background drops, not only the one at the end
+            deadline = time.monotonic() + 5
+            while mapped_resident(sources) >= SIZE // 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert mapped_resident(sources) < SIZE // 4
         assert mapped_resident(sources) < SIZE // 4
 
 
@@ -74,8 +99,10 @@ def test_openvino_keeps_no_source_weights(tmp_path: Path, edge_cache: Path, prec
             "openvino", path, "cpu", DecoderOptions(n_ctx=64, n_threads=1, precision=precision)
         )
         try:
+            # OpenVINO maps its source (the blob); the load's warm-up runs repacked it and dropped what they read
+            assert _read_only_shared(sources)
+            assert mapped_resident(sources) == 0
             first = dec.forward([1, *range(300, 310)])
-            assert mapped_resident(sources) == 0  # the repacking run dropped what it read
             for t in range(4):  # small constants read in place fault back in, and read the same bytes
                 dec.forward([310 + t])
             dec.reset()

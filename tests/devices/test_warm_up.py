@@ -82,6 +82,7 @@ def test_openvino_decoder_is_warmed_at_load_and_fresh(tiny: Path) -> None:
     dec = _open(tiny, "openvino")
     try:
         assert dec.runner.prepares_on_first_run
+        assert dec.runner._repack_runs == 0  # the warm-up's two runs were the repacking runs
         assert dec.position == 0 and dec.kv_fill().position == 0
         first = dec.forward(PROMPT)
         dec.reset()
