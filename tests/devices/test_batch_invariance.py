@@ -1,7 +1,12 @@
 """Staged attention makes a forward's rows independent of how many tokens it carries (kvcache/staging.py):
 on ORT at --precision fast, k tokens verified in one forward give bit for bit the logits k one-token decode
 steps give, for every family and weight form, through ring wraps, sliding windows and rollbacks. That is what
-lets `--draft auto` draft greedy generations at --precision fast without changing them."""
+lets `--draft auto` draft greedy generations at --precision fast without changing them.
+
+The invariance is kernel behaviour, measured on the machine (devices/invariance.py). Where a kernel rounds one
+row differently (on an AVX2 CPU without AVX512-VNNI, MLAS's 4-bit block-32 int8 kernel does for a one-row
+input, which the body linears of a decode step are), the decoder must withdraw the claim: these tests then
+check that the rows really differ, so a withdrawn claim is never a hidden failure of staging itself."""
 
 from __future__ import annotations
 
@@ -64,7 +69,8 @@ def _plain(dec: GraphDecoder, prompt: list[int], n: int) -> tuple[list[int], np.
 def test_verify_rows_equal_decode_steps(name: str, capacity: int, tmp_path: Path) -> None:
     dec = _decoder(_model(name, tmp_path), capacity)
     try:
-        assert dec.capabilities().batch_invariant
+        claimed = dec.capabilities().batch_invariant
+        found: list[int] = []
         rng = np.random.default_rng(7)
         prompt = [int(t) for t in rng.integers(3, 300, 37)]  # > WINDOW: the prefill layout first
         tokens, plain = _plain(dec, prompt, N_GEN)
@@ -85,7 +91,10 @@ def test_verify_rows_equal_decode_steps(name: str, capacity: int, tmp_path: Path
             got = np.concatenate(rows)
             assert got.shape == plain.shape
             differing = [j for j in range(N_GEN) if not np.array_equal(got[j], plain[j])]
-            assert not differing, f"{name}: rows {differing[:5]} differ (batches {sizes})"
+            assert not (claimed and differing), f"{name}: rows {differing[:5]} differ (batches {sizes})"
+            found += differing
+        # withdrawn only where this machine's kernels really round some row differently
+        assert claimed or found, f"{name}: the claim was withdrawn but every row is equal"
     finally:
         dec.close()
 
@@ -146,9 +155,10 @@ def test_weight_options_keep_or_void_the_claim(override: dict[str, object], tmp_
         dec.reset()
         dec.forward(prompt, last_only=True)
         invariant = np.array_equal(dec.forward(tokens), plain)
-        assert dec.staged and dec.capabilities().batch_invariant == invariant == (
-            override == {"lowering": "qdq"}
-        )
+        claimed = dec.capabilities().batch_invariant
+        assert dec.staged and claimed == invariant
+        # the others are never claimed; qdq (a float MatMul) where the machine's check finds it holds
+        assert not claimed or override == {"lowering": "qdq"}
     finally:
         dec.close()
 
