@@ -177,11 +177,6 @@ class GraphDecoder(RingDecoder):
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
         # the claim's static conditions, then a run of this graph on this machine (devices/invariance.py)
         self._invariant = self._claimable(opts) and rows_invariant(self, model_path, opts.backend)
-        try:
-            self.warm_up([self.runner])
-        except BaseException:  # the compiled model is large: never left to a traceback
-            self.close()
-            raise
 
     @staticmethod
     def _staged(opts: GraphOptions) -> bool:

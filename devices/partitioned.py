@@ -138,12 +138,6 @@ class PartitionedDecoder(RingDecoder):
         self.device = "+".join(dict.fromkeys(p.device for p in partitions))
         # time spent in each partition's graph since load (edge bench reports it per partition)
         self.partition_seconds = [0.0] * len(self._parts)
-        try:
-            self.warm_up(r for part in self._parts for r in part.runners.values())
-        except BaseException:  # the compiled partitions are large: never left to a traceback
-            self.close()
-            raise
-        self.partition_seconds = [0.0] * len(self._parts)  # the warm-up is load time
 
     @property
     def partitions(self) -> list[PartitionGraph]:

@@ -22,8 +22,6 @@ from edge.models.transformer import layer_kinds
 __all__ = ["SLOT_GRAIN", "RingDecoder"]
 
 SLOT_GRAIN = 32
-# the many-row forward of a warm-up: enough rows for the runtimes' batched kernels, a typical verify width
-WARM_ROWS = 16
 
 
 class RingDecoder:
@@ -221,17 +219,3 @@ class RingDecoder:
     def reset(self) -> None:
         with self._lock:
             self.cache.reset()
-
-    def warm_up(self, runners: Iterable[Runner]) -> bool:
-        """Where a runner prepares its weights on its first runs (OpenVINO's repacking), run a many-row and a
-        one-row forward once at load and forget them, so the user's first prompt runs at the warm speed; the
-        cost moves into the load, where ONNX Runtime pays its own prepacking. Only on a fresh decoder."""
-        if self.position != 0 or not any(r.prepares_on_first_run for r in runners):
-            return False
-        ids = [(7 + 7919 * i) % self.vocab_size for i in range(min(WARM_ROWS, self.chunk))]
-        try:
-            self.forward(ids, last_only=True)
-            self.forward(ids[:1])
-        finally:
-            self.reset()
-        return True

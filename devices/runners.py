@@ -17,10 +17,11 @@ from edge.errors import BackendUnavailableError, DeviceError
 from edge.models.onnx_safety import check_onnx_file
 
 OV_DQ_GROUP = 32  # OpenVINO's default: one int8 scale per 32 activations
-# OpenVINO's CPU plugin repacks the weights on the first runs of each kernel kind; the source pages are dropped
-# during this many: the load's warm-up (RingDecoder.warm_up: many rows, then one). On qwen2.5-coder-1.5b only
-# norms and other small constants, ~8 MB, are read again later, in place, and fault back in
-OV_REPACK_RUNS = 2
+# OpenVINO's CPU plugin repacks the weights on the first runs of each kernel kind (a prompt's chunks, then a
+# one-row step), not in compile_model; the source pages are dropped during this many (a margin: on
+# qwen2.5-coder-1.5b only norms and other small constants, ~8 MB, are read again later, in place, and fault
+# back in). Repacking at load instead (a warm-up forward) cost more than it saved: first-prompt-*-2026-12-01.md
+OV_REPACK_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,6 @@ class RunnerOptions:
 class Runner(Protocol):
     backend: str
     device: str
-    # the runtime prepares its weights on the first runs of each kind (one row, many rows) rather than when it
-    # compiles: the decoder then runs those shapes once at load (RingDecoder.warm_up)
-    prepares_on_first_run: bool
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]: ...
 
@@ -63,7 +61,6 @@ def _threads(opts: RunnerOptions) -> int:
 
 class OrtRunner:
     backend = "ort"
-    prepares_on_first_run = False  # MatMulNBits prepacks when the session is created
 
     def __init__(self, model_path: Path, opts: RunnerOptions) -> None:
         try:
@@ -137,10 +134,6 @@ class OrtRunner:
 
 class OpenVinoRunner:
     backend = "openvino"
-    # NOTE: the CPU plugin repacks a FullyConnected's weights on its first execution, per kernel kind (the
-    # one-row and the many-row path), not in compile_model (openvino PR #34492 would move it there): a
-    # first prompt after load ran ~1.7x its warm time on gemma3-270m
-    prepares_on_first_run = True
 
     def __init__(self, model_path: Path, opts: RunnerOptions) -> None:
         try:

@@ -64,8 +64,6 @@ def test_two_backends_give_the_same_greedy_output(ov_artifact: Path) -> None:
         assert [p.backend for p in dec.partitions] == (
             [where] * 2 if isinstance(where, str) else ["openvino", "ort"]
         )
-        # a plan with an OpenVINO partition warms it at load (RingDecoder.warm_up): nothing of it is kept
-        assert dec.position == 0 and dec.partition_times() == (0.0, 0.0)
         runs[name] = greedy(dec, ids)
         dec.close()
     print(runs)
