@@ -145,9 +145,9 @@ def fine_qkv_blocks(model: ir.Model, ctx: PassContext) -> int:
 
     ORT quantizes x to int8 per MatMulNBits block (one scale per 32 inputs for GGUF blocks, as llama.cpp's q8);
     a 16-element block scales the int8 steps to a smaller max. OpenVINO's dynamic quantization takes only
-    groups divisible by its DQ group (32): these projections then run on f32 activations there. The attention projections are where that rounding
-    costs most fidelity per byte (benchmarks/results/fidelity-smollm2-2026-12-01.md, smollm2-135m Q4_1, KL to the
-    exact graph on the decode path: ORT 0.00346 -> 0.00285 at 0.99x decode, OpenVINO 0.00334 -> 0.00239;
+    groups divisible by its DQ group (32): these projections then run on f32 activations there. The attention
+    projections are where that rounding costs most fidelity per byte
+    (benchmarks/results/fidelity-smollm2-2026-12-01.md, smollm2-135m Q4_1, KL to the exact graph on the decode path: ORT 0.00346 -> 0.00285 at 0.99x decode, OpenVINO 0.00334 -> 0.00239;
     llama.cpp 0.00303. Every layer linear in 16-blocks: 0.00237 for +33%; the Q8_0 head: 0.00316 for +12%).
     The block-bias term stays at the file's blocks (forms.emit_bias_term), so only the scales double. 8-bit
     weights stay as they are (the 16-block head's cost)."""
