@@ -154,7 +154,14 @@ def test_cli_auto_draft_on_an_edit_prompt_keeps_the_exact_output() -> None:
         outs[draft] = json.loads(proc.stdout)
     assert outs["auto"]["token_ids"] == outs["none"]["token_ids"]
     assert outs["none"]["draft"] is None
+    from edge.api import load
+
+    with load("qwen2.5-coder-0.5b", backend="ort", n_ctx=256) as m:  # the claim, checked on this machine
+        invariant = m.decoder.capabilities().batch_invariant
     st = outs["auto"]["draft"]
+    if not invariant:  # e.g. AVX2 without VNNI: 4-bit one-row kernels round apart; auto leaves greedy alone
+        assert st is None
+        return
     assert st["method"] == "ngram" and st["accepted"] > 0, st  # the answer copies the code back
     assert st["guarantee"].startswith("identical to the target alone")
 

@@ -16,6 +16,7 @@ from edge.generate import Generation, GenerationConfig
 from edge.models.gguf_file import open_gguf
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from edge.session import KVSession
+from tests.near_ties import assert_equal_but_near_ties
 from tests.tiny_models import TinySpec, write_tiny_model
 
 OPENER = 1  # opens every turn of the synthetic conversation (as <|im_start|> does in ChatML)
@@ -176,8 +177,9 @@ def test_a_long_chat_on_smollm2_keeps_its_system_prompt(kind: str) -> None:
         if kind == "llamacpp":
             assert m.decoder.position == len(held) <= 256
             # coherent: the answer is a fresh prefill's answer on the same (cut) conversation
+            # (its batched prefill rounds differently from the chat's path through the KV: near-ties may part)
             again = m.generate(m.tokenizer.decode(last.prompt_ids), max_tokens=48, raw=True, reuse=False)
-            assert again.token_ids == last.token_ids
+            assert_equal_but_near_ties(m.decoder, last.prompt_ids, again.token_ids, last.token_ids)
         else:
             cache = m.decoder.cache
             assert cache.sink == keep and kv.wrapped
