@@ -89,6 +89,9 @@ class Capabilities:
     # A forward of <= kvcache.staging.WINDOW tokens is cut where it crosses a window end (staged attention),
     # so it costs its pieces (kvcache.staging.piece_sizes): speculation weighs a draft's k by that
     staged: bool = False
+    # The runtime prepares its kernels on the first many-row and one-row runs after load (OpenVINO's CPU plugin
+    # repacks the weights then), so the first prompt costs more than later ones unless a warm-up ran them
+    first_run_costs: bool = False
 
 
 @runtime_checkable

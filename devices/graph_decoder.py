@@ -173,6 +173,7 @@ class GraphDecoder(RingDecoder):
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
         self.runner: Runner = make_runner(model_path, runner_opts)
+        self.first_run_costs = self.runner.prepares_on_first_run
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
         # the claim's static conditions, then a run of this graph on this machine (devices/invariance.py)

@@ -122,6 +122,9 @@ class PartitionedDecoder(RingDecoder):
             outs = ["logits" if p.head else "hidden_out"]
             outs += [f"new_{n}_{i}" for i in p.layers for n in ("key", "value")]
             self._parts.append(_Part(p, runners, inputs, outs))
+        self.first_run_costs = any(
+            r.prepares_on_first_run for part in self._parts for r in part.runners.values()
+        )
         cap0 = static_cap.get(0, opts.capacity) if self.static else opts.capacity
         self._init_ring(
             cfg,

@@ -31,6 +31,7 @@ class RingDecoder:
     device: str
     vocab_size: int
     staged: bool = False  # the graph has staged attention (kvcache/staging.py); subclasses set it
+    first_run_costs: bool = False  # a runner prepares its kernels on the first runs; subclasses set it
 
     def _init_ring(
         self,
@@ -204,7 +205,12 @@ class RingDecoder:
         return self.cache.max_rollback
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(max_rollback=self.max_rollback, sinks=self, staged=self.staged)
+        return Capabilities(
+            max_rollback=self.max_rollback,
+            sinks=self,
+            staged=self.staged,
+            first_run_costs=self.first_run_costs,
+        )
 
     def kv_fill(self) -> KVFill:
         cache = self.cache

@@ -36,6 +36,9 @@ class RunnerOptions:
 class Runner(Protocol):
     backend: str
     device: str
+    # the runtime prepares its kernels on the first run of each kind (many rows, one row) rather than when it
+    # compiles: a model a user will talk to runs both once ahead of time (edge.model.Model.warm_up)
+    prepares_on_first_run: bool
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str]) -> list[np.ndarray]: ...
 
@@ -61,6 +64,7 @@ def _threads(opts: RunnerOptions) -> int:
 
 class OrtRunner:
     backend = "ort"
+    prepares_on_first_run = False  # MatMulNBits prepacks its weights when the session is created
 
     def __init__(self, model_path: Path, opts: RunnerOptions) -> None:
         try:
@@ -134,6 +138,10 @@ class OrtRunner:
 
 class OpenVinoRunner:
     backend = "openvino"
+    # NOTE: the CPU plugin repacks a FullyConnected's weights on its first execution per kernel kind (the
+    # many-row and the one-row path), not in compile_model: gemma3-270m's first 512-token prompt after load ran
+    # 1.55 s against 1.06 s warm, the 1.5b's 16.5 s against 11.3 s (benchmarks/results/first-prompt-*)
+    prepares_on_first_run = True
 
     def __init__(self, model_path: Path, opts: RunnerOptions) -> None:
         try:

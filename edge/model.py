@@ -16,6 +16,7 @@ See docs/api.md for the whole surface.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,17 @@ from edge.speculative import SpeculativeDecoding, drafts_greedy
 __all__ = ["ChatMessage", "Model", "Result", "Stream"]
 
 ChatMessage = Mapping[str, Any]  # {"role": "system" | "user" | "assistant", "content": str}
+
+log = logging.getLogger("edge")
+
+# First user messages whose rendered chats share what every first turn opens with: different first characters,
+# a common word, a leading space and newline, so a merge of the template's last token with the content shows
+# (a first turn that still parts sooner only reuses less: the session keeps the common prefix and rolls back)
+_OPENING_PROBES = ("Hi", "The", "7", "¿Zürich?", " x", "\nx")
+WARM_ROWS = (
+    16  # the warm-up's many-row forward: enough rows for the runtimes' batched kernels (a verify width)
+)
+WARM_PIECE = 256  # the opening is prefilled in pieces of this many ids, so close() waits for one at most
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,7 @@ class Model:
         self.session = KVSession(decoder)  # the ids the KV holds: each prompt prefills only its new suffix
         self.speculative: SpeculativeDecoding | None = None  # edge.load(..., draft=...) sets it
         self._lock = threading.RLock()
+        self._closing = threading.Event()  # close() was called: a warm-up stops at its next piece
         self._busy = False  # a generation is running (the RLock alone lets one thread interleave two)
         self._closed = False
 
@@ -508,9 +521,69 @@ class Model:
             gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback
         )
 
+    # -- warm-up ---------------------------------------------------------------------------------
+    def warm_up(self, system: str | None = None, *, cancel: threading.Event | None = None) -> int:
+        """Pay the first answer's fixed costs before the user asks (`edge chat` and `edge serve` call this in a
+        thread right after load, while the user types): where the backend prepares its kernels on their first
+        runs (OpenVINO's CPU plugin repacks the weights then), a many-row and a one-row forward run once and are
+        forgotten; then the ids every conversation with this `system` prompt opens with (the template's system
+        turn, or its default one, up to the user's text) are prefilled, and the first chat reuses them from the
+        KV. A generation called meanwhile waits for it; `cancel` or `close()` stops it within one forward.
+
+        Only on a model whose KV is empty (a warm-up never replaces a conversation). Returns the ids the KV holds
+        afterwards. A template or backend that fails here is logged, not raised: the first answer then runs as
+        it would have without a warm-up and reports the error itself."""
+
+        def stopped() -> bool:
+            return self._closing.is_set() or (cancel is not None and cancel.is_set())
+
+        with self._turn():
+            if self._closed or stopped() or self.decoder.position != 0:
+                return 0
+            try:
+                if self.decoder.capabilities().first_run_costs:
+                    self._warm_kernels()
+                opening, keep = self._opening(system)
+                if len(opening) < 2 or len(opening) > self.decoder.n_ctx // 2:
+                    return 0
+                fed = self.session.window(opening, keep=keep)  # the sinks the chat will ask for
+                for start in range(self.session.prepare(fed), len(fed), WARM_PIECE):
+                    if stopped():
+                        break
+                    self.decoder.forward(fed[start : start + WARM_PIECE], last_only=True)
+                self.session.settle(fed)
+                return self.decoder.position
+            except Exception as exc:  # the first answer meets it again and reports it (a device fallback too)
+                log.warning("warm-up of %s stopped: %s", self.name, exc)
+                self.session.invalidate()
+                return 0
+
+    def _warm_kernels(self) -> None:
+        """A many-row and a one-row forward of arbitrary ids, then an empty KV again."""
+        dec = self.decoder
+        rows = max(2, min(WARM_ROWS, dec.n_ctx // 4))
+        ids = [(7 + 7919 * i) % dec.vocab_size for i in range(rows)]
+        try:
+            dec.forward(ids, last_only=True)
+            dec.forward(ids[:1], last_only=True)
+        finally:
+            dec.reset()
+
+    def _opening(self, system: str | None) -> tuple[list[int], int]:
+        """The ids every first turn with this system prompt starts with, and the system span a chat of it keeps
+        (what `chat` passes as `keep`); no ids when the template refuses such a chat."""
+        head: list[ChatMessage] = [{"role": "system", "content": system}] if system else []
+        try:
+            chats = [self.chat_ids([*head, {"role": "user", "content": c}]) for c in _OPENING_PROBES]
+        except EdgeError:
+            return [], 0
+        n = min(common_prefix(chats[0], ids) for ids in chats[1:])
+        return chats[0][:n], self.system_span([*head, {"role": "user", "content": _OPENING_PROBES[0]}])
+
     # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the model (waits for a running generation)."""
+        """Free the model (waits for a running generation, or for a warm-up's current forward)."""
+        self._closing.set()
         with self._lock:
             self._closed = True
             try:

@@ -152,6 +152,11 @@ class ChatApp(App[None]):
             self._ui(self._load_failed, f"{type(exc).__name__}: {exc}")
             return
         self._ui(self._model_ready, model)
+        # while the user types: the backend's first-run costs and the system prompt's prefill (a first message
+        # sent meanwhile waits for it; a reload or quit closes the model, which stops it within one forward)
+        self._ui(self._set_status, "warming up…")
+        model.warm_up(settings.system or None)
+        self._ui(self._warmed, model)
 
     def _pull_reporter(self, name: str) -> PullProgress:
         """A pull's progress callback for the worker (models.pull calls it a few times a second at most)."""
@@ -185,6 +190,16 @@ class ChatApp(App[None]):
             self._notice(
                 f"{model.name} has no chat template: it runs as plain text completion of the conversation."
             )
+        self._render_stats()
+
+    def _warmed(self, model: Model) -> None:
+        """The warm-up ended: what it prefilled shows in the stats bar's KV fill."""
+        if self.model is not model:  # replaced meanwhile
+            return
+        if self._status == "warming up…":
+            self._status = ""
+        if not self.generating:
+            self.kv = model.kv_state()
         self._render_stats()
 
     def _load_failed(self, error: str) -> None:

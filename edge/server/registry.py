@@ -84,6 +84,16 @@ class Registry:
             sched = self._load(ref)
             self._known[sched.name] = _Known(ref, pinned=True)
             self._loaded[sched.name] = sched
+            self._warm_up(sched)
+
+    @staticmethod
+    def _warm_up(sched: Scheduler) -> None:
+        """A model named at start warms up in the background while the server waits for its first request
+        (`Model.warm_up`: the backend's first-run costs and the chat template's opening prefilled); a request
+        that comes sooner waits for it. A model loaded on demand is not warmed: a request is already waiting."""
+        for i, model in enumerate(sched.replicas):
+            name = f"edge-warm-up-{sched.name}-{i}"
+            threading.Thread(target=model.warm_up, name=name, daemon=True).start()
 
     def _threads(self) -> int | None:
         s = self.config.load

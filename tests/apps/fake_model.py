@@ -26,6 +26,7 @@ class FakeModel:
         self.has_chat_template = chat_template
         self.delay_s = delay_s
         self.calls: list[list[dict[str, str]]] = []
+        self.warmed: list[str | None] = []  # the system prompts warm_up was called with
         self.closed = False
 
     def kv_state(self) -> KVState:
@@ -64,6 +65,10 @@ class FakeModel:
             stop_reason=stop or "eos",
         )
         return Result(text, list(range(len(out))), list(range(30)), stats, "llamacpp", "cpu", self.fallback)
+
+    def warm_up(self, system: str | None = None, **options: Any) -> int:
+        self.warmed.append(system)
+        return 0
 
     def close(self) -> None:
         self.closed = True

@@ -84,6 +84,14 @@ async def send(pilot: Pilot[Any], text: str) -> None:
 
 
 @sync
+async def test_the_loaded_model_warms_up_with_the_system_prompt(tmp_path: Path) -> None:
+    app, fake = fake_app(tmp_path, system="Be brief.")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: fake.warmed == ["Be brief."])
+        await wait_for(pilot, lambda: "warming up" not in stats(app))
+
+
+@sync
 async def test_send_streams_markdown_and_saves(tmp_path: Path) -> None:
     app, fake = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:

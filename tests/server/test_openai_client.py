@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 
 import httpx
 import openai
@@ -69,6 +70,17 @@ def test_history_sent_again_reuses_the_kv(server: Server) -> None:
     second = c.chat.completions.create(model="tiny.gguf", messages=msgs, max_tokens=8, temperature=0)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens - 2
+
+
+def test_a_model_named_at_start_is_warmed_before_the_first_request(server: Server) -> None:
+    model = server.registry.loaded()["tiny.gguf"].replicas[0]
+    end = time.monotonic() + 60
+    while model.kv_state().position == 0:  # the warm-up runs in the background after start
+        assert time.monotonic() < end, "the warm-up did not prefill the template's opening"
+        time.sleep(0.05)
+    held = model.kv_state().position
+    first = client(server).chat.completions.create(model="tiny.gguf", messages=HI, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == held  # the opening was not prefilled again
 
 
 def test_completions_stream_and_not(server: Server) -> None:
