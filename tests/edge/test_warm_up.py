@@ -98,7 +98,11 @@ def test_a_model_in_use_is_left_alone(model_file: Path, edge_cache: Path) -> Non
         first = answer(m, QUESTION)
         before = m.kv_state().position
         assert m.warm_up() == 0 and m.kv_state().position == before
-        follow = [*QUESTION, {"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}]
+        follow = [
+            *QUESTION,
+            {"role": "assistant", "content": first.text},
+            {"role": "user", "content": "more"},
+        ]
         assert answer(m, follow).stats.n_cached_tokens > 0  # the conversation's KV is still there
 
 

@@ -79,7 +79,9 @@ def test_a_model_named_at_start_is_warmed_before_the_first_request(server: Serve
         assert time.monotonic() < end, "the warm-up did not prefill the template's opening"
         time.sleep(0.05)
     held = model.kv_state().position
-    first = client(server).chat.completions.create(model="tiny.gguf", messages=HI, max_tokens=4, temperature=0)
+    first = client(server).chat.completions.create(
+        model="tiny.gguf", messages=HI, max_tokens=4, temperature=0
+    )
     assert first.usage.prompt_tokens_details.cached_tokens == held  # the opening was not prefilled again
 
 
