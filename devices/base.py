@@ -119,6 +119,21 @@ class Decoder(Protocol):
     def capabilities(self) -> Capabilities: ...
 
 
+WARM_ROWS = 16  # a warm-up's many-row forward: enough rows for the runtimes' batched kernels (a verify width)
+
+
+def warm_kernels(decoder: Decoder) -> None:
+    """A many-row and a one-row forward of arbitrary ids, then an empty KV again: a decoder whose runtime
+    prepares its kernels on their first runs (`Capabilities.first_run_costs`) has paid for them afterwards."""
+    rows = max(2, min(WARM_ROWS, decoder.n_ctx // 4))
+    ids = [(7 + 7919 * i) % decoder.vocab_size for i in range(rows)]
+    try:
+        decoder.forward(ids, last_only=True)
+        decoder.forward(ids[:1], last_only=True)
+    finally:
+        decoder.reset()
+
+
 def rollback_limit(decoder: Decoder) -> int | None:
     """Tokens `decoder.rollback` can always undo; None: no limit."""
     return decoder.capabilities().max_rollback

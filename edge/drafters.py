@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from edge.devices.base import Decoder, rollback_limit
+from edge.devices.base import Decoder, rollback_limit, warm_kernels
 from edge.errors import EdgeError, VocabMismatchError
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
 from edge.session import common_prefix
@@ -75,6 +75,10 @@ class Drafter(Protocol):
         """Up to k tokens to follow `history`, which extends the history of the previous call."""
         ...
 
+    def warm_up(self, opening: Sequence[int]) -> None:
+        """Before the first generation (`Model.warm_up`): `opening` starts every first prompt."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -110,6 +114,16 @@ class ModelDrafter:
             self._prompt = list(prompt_ids)
             return
         self._prefill(prompt_ids)
+
+    def warm_up(self, opening: Sequence[int]) -> None:
+        """The draft decoder's first-run kernels where it has them, then `opening` held in its KV (the first
+        generation's prefill keeps it), on a drafter not used yet."""
+        if self._tokens or self.decoder.position:
+            return
+        if self.decoder.capabilities().first_run_costs:
+            warm_kernels(self.decoder)
+        if opening:
+            self._prefill([*opening, opening[-1]])  # all but the last id are prefilled
 
     def _prefill(self, prompt_ids: Sequence[int]) -> None:
         self._prompt = None
@@ -217,6 +231,9 @@ class NgramDrafter:
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
         self._indexed = 0
+
+    def warm_up(self, opening: Sequence[int]) -> None:
+        pass  # an index of the prompt costs nothing worth doing ahead
 
     def _extend(self, history: Sequence[int]) -> None:
         # index[n][gram]: where continuations of gram start, in order; only positions whose continuation

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.devices.base import Decoder
+from edge.devices.base import Decoder, warm_kernels
 from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
@@ -528,7 +528,7 @@ class Model:
         runs (OpenVINO's CPU plugin repacks the weights then), a many-row and a one-row forward run once and are
         forgotten; then the ids every conversation with this `system` prompt opens with (the template's system
         turn, or its default one, up to the user's text) are prefilled, and the first chat reuses them from the
-        KV. A generation called meanwhile waits for it; `cancel` or `close()` stops it within one forward.
+        KV; a draft model gets the same. A generation called meanwhile waits for it; `cancel` or `close()` stops it within one forward.
 
         Only on a model whose KV is empty (a warm-up never replaces a conversation). Returns the ids the KV holds
         afterwards. A template or backend that fails here is logged, not raised: the first answer then runs as
@@ -542,7 +542,7 @@ class Model:
                 return 0
             try:
                 if self.decoder.capabilities().first_run_costs:
-                    self._warm_kernels()
+                    warm_kernels(self.decoder)
                 opening, keep = self._opening(system)
                 if len(opening) < 2 or len(opening) > self.decoder.n_ctx // 2:
                     return 0
@@ -552,22 +552,15 @@ class Model:
                         break
                     self.decoder.forward(fed[start : start + WARM_PIECE], last_only=True)
                 self.session.settle(fed)
-                return self.decoder.position
+                held = self.decoder.position
+                for drafter in [] if self.speculative is None else self.speculative.drafters:
+                    if not stopped():
+                        drafter.warm_up(fed[:held])
+                return held
             except Exception as exc:  # the first answer meets it again and reports it (a device fallback too)
                 log.warning("warm-up of %s stopped: %s", self.name, exc)
                 self.session.invalidate()
                 return 0
-
-    def _warm_kernels(self) -> None:
-        """A many-row and a one-row forward of arbitrary ids, then an empty KV again."""
-        dec = self.decoder
-        rows = max(2, min(WARM_ROWS, dec.n_ctx // 4))
-        ids = [(7 + 7919 * i) % dec.vocab_size for i in range(rows)]
-        try:
-            dec.forward(ids, last_only=True)
-            dec.forward(ids[:1], last_only=True)
-        finally:
-            dec.reset()
 
     def _opening(self, system: str | None) -> tuple[list[int], int]:
         """The ids every first turn with this system prompt starts with, and the system span a chat of it keeps

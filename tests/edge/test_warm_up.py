@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 import edge
+from edge.devices.base import WARM_ROWS
+from edge.drafters import ModelDrafter
 from edge.generate import GenerationConfig
-from edge.model import WARM_ROWS, Model
+from edge.model import Model
 from edge.sampling import SamplingConfig
 from edge.session import KVSession, common_prefix
 from tests.edge.test_session import Recorder
@@ -155,3 +157,16 @@ def test_close_and_cancel_stop_a_warm_up(model_file: Path, edge_cache: Path) -> 
     stop.set()
     with load(model_file, "ort") as other:
         assert other.warm_up(cancel=stop) == 0 and other.kv_state().position == 0
+
+
+def test_a_draft_model_holds_the_opening_too(model_file: Path, edge_cache: Path) -> None:
+    with edge.load(str(model_file), backend="openvino", n_ctx=256, n_threads=1, draft=str(model_file)) as m:
+        assert m.speculative is not None
+        (drafter,) = [d for d in m.speculative.drafters if isinstance(d, ModelDrafter)]
+        held = m.warm_up()
+        assert held > 5 and drafter.decoder.position == held  # type: ignore[attr-defined]
+        with edge.load(str(model_file), backend="openvino", n_ctx=256, n_threads=1, draft="none") as ref:
+            want = answer(ref, QUESTION)
+        got = answer(m, QUESTION)  # greedy speculative decoding on the warmed pair: the target's tokens
+        assert got.stats.n_cached_tokens == held
+        assert_equal_but_near_ties(ref.decoder, want.prompt_ids, want.token_ids, got.token_ids)
