@@ -91,9 +91,21 @@ class Registry:
         """A model named at start warms up in the background while the server waits for its first request
         (`Model.warm_up`: the backend's first-run costs and the chat template's opening prefilled); a request
         that comes sooner waits for it. A model loaded on demand is not warmed: a request is already waiting."""
+
+        def warm(model: edge.model.Model) -> None:
+            t0 = time.monotonic()
+            held = model.warm_up()
+            log.info(
+                "warmed up %s in %.1f s (%d opening tokens prefilled)",
+                model.name,
+                time.monotonic() - t0,
+                held,
+            )
+
         for i, model in enumerate(sched.replicas):
-            name = f"edge-warm-up-{sched.name}-{i}"
-            threading.Thread(target=model.warm_up, name=name, daemon=True).start()
+            threading.Thread(
+                target=warm, args=(model,), name=f"edge-warm-up-{sched.name}-{i}", daemon=True
+            ).start()
 
     def _threads(self) -> int | None:
         s = self.config.load
