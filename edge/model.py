@@ -47,9 +47,6 @@ log = logging.getLogger("edge")
 # a common word, a leading space and newline, so a merge of the template's last token with the content shows
 # (a first turn that still parts sooner only reuses less: the session keeps the common prefix and rolls back)
 _OPENING_PROBES = ("Hi", "The", "7", "¿Zürich?", " x", "\nx")
-WARM_ROWS = (
-    16  # the warm-up's many-row forward: enough rows for the runtimes' batched kernels (a verify width)
-)
 WARM_PIECE = 256  # the opening is prefilled in pieces of this many ids, so close() waits for one at most
 
 
@@ -528,7 +525,8 @@ class Model:
         runs (OpenVINO's CPU plugin repacks the weights then), a many-row and a one-row forward run once and are
         forgotten; then the ids every conversation with this `system` prompt opens with (the template's system
         turn, or its default one, up to the user's text) are prefilled, and the first chat reuses them from the
-        KV; a draft model gets the same. A generation called meanwhile waits for it; `cancel` or `close()` stops it within one forward.
+        KV; a draft model gets the same. A generation called meanwhile waits for it; `cancel` or `close()` stops
+        it within one forward.
 
         Only on a model whose KV is empty (a warm-up never replaces a conversation). Returns the ids the KV holds
         afterwards. A template or backend that fails here is logged, not raised: the first answer then runs as
