@@ -3,58 +3,71 @@
 Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` runs a target's pipeline.
 """
 
-from edge.graph_opt.attention import attention
-from edge.graph_opt.fold import fold
-from edge.graph_opt.forms import FORMS
-from edge.graph_opt.gelu import gelu
-from edge.graph_opt.linear import BlockWeight, Linear, emit_linear, is_linear_node, linear_protos, linears_in
-from edge.graph_opt.lower import (
-    center_codes,
-    fine_qkv_blocks,
-    float_zero_points,
-    int8_nibbles,
-    lower,
-    lowering_for,
-)
-from edge.graph_opt.manager import (
-    PASSES,
-    TARGETS,
-    GraphPass,
-    PassContext,
-    PassRecord,
-    graph_pass,
-    model_stats,
-    op_histogram,
-    run_passes,
-)
-from edge.graph_opt.partition import LayerRange, parse_ranges, plan_partitions
-from edge.graph_opt.pipeline import (
-    FAST_FUSIONS,
-    FUSIONS,
-    LOWERINGS,
-    PIPELINES,
-    OptimizeResult,
-    optimize,
-    pipeline,
-    target_proto,
-)
-from edge.graph_opt.quantize import (
-    QuantReport,
-    QuantSpec,
-    collect_hessians,
-    gptq,
-    layer_of,
-    measure_sensitivity,
-    plan_precision,
-    plan_quantization,
-    quantize,
-    quantize_int4,
-    quantize_int8,
-    quantize_weight,
-)
-from edge.graph_opt.rmsnorm import rmsnorm, skip_rmsnorm
-from edge.graph_opt.rotary import rotary
-from edge.graph_opt.specialize import dynamic_dims, specialize, specialize_shapes
+# NOTE: the passes import onnx_ir, onnxscript and sympy (~0.6 s on a 2-core machine); a run on a graph already
+# built needs none of them, so the package's names load on first use (PEP 562) and `edge.graph_opt.weight`
+# (what the runtime reads weights with) stays light. The first use imports every module: each registers its
+# passes in PASSES, and the names below are bound over the submodules of the same name (`attention`, `fold`, ...)
+
+import importlib
+import sys
+from typing import Any
+
+_WHERE = {
+    "FAST_FUSIONS": "pipeline",
+    "FORMS": "forms",
+    "FUSIONS": "pipeline",
+    "LOWERINGS": "pipeline",
+    "PASSES": "manager",
+    "PIPELINES": "pipeline",
+    "TARGETS": "manager",
+    "BlockWeight": "linear",
+    "GraphPass": "manager",
+    "LayerRange": "partition",
+    "Linear": "linear",
+    "OptimizeResult": "pipeline",
+    "PassContext": "manager",
+    "PassRecord": "manager",
+    "QuantReport": "quantize",
+    "QuantSpec": "quantize",
+    "attention": "attention",
+    "center_codes": "lower",
+    "collect_hessians": "quantize",
+    "dynamic_dims": "specialize",
+    "emit_linear": "linear",
+    "fine_qkv_blocks": "lower",
+    "float_zero_points": "lower",
+    "fold": "fold",
+    "gelu": "gelu",
+    "gptq": "quantize",
+    "graph_pass": "manager",
+    "int8_nibbles": "lower",
+    "is_linear_node": "linear",
+    "layer_of": "quantize",
+    "linear_protos": "linear",
+    "linears_in": "linear",
+    "lower": "lower",
+    "lowering_for": "lower",
+    "measure_sensitivity": "quantize",
+    "model_stats": "manager",
+    "op_histogram": "manager",
+    "optimize": "pipeline",
+    "parse_ranges": "partition",
+    "pipeline": "pipeline",
+    "plan_partitions": "partition",
+    "plan_precision": "quantize",
+    "plan_quantization": "quantize",
+    "quantize": "quantize",
+    "quantize_int4": "quantize",
+    "quantize_int8": "quantize",
+    "quantize_weight": "quantize",
+    "rmsnorm": "rmsnorm",
+    "rotary": "rotary",
+    "run_passes": "manager",
+    "skip_rmsnorm": "rmsnorm",
+    "specialize": "specialize",
+    "specialize_shapes": "specialize",
+    "target_proto": "pipeline",
+}
 
 __all__ = [
     "FAST_FUSIONS",
@@ -112,3 +125,25 @@ __all__ = [
     "specialize_shapes",
     "target_proto",
 ]
+
+
+def load_passes() -> None:
+    """Import every pass module (registering its passes) and bind the package's names; cheap once done."""
+    if globals().get("_loaded"):
+        return
+    for module in sorted(set(_WHERE.values())):
+        importlib.import_module(f"{__name__}.{module}")
+    for name, module in _WHERE.items():
+        globals()[name] = getattr(sys.modules[f"{__name__}.{module}"], name)
+    globals()["_loaded"] = True
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    load_passes()
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

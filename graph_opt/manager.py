@@ -169,6 +169,9 @@ def run_passes(
     model: ir.Model, passes: Sequence[GraphPass | str], ctx: PassContext | None = None
 ) -> list[PassRecord]:
     """Run `passes` in order on `model` (in place); one record per pass, also logged."""
+    from edge.graph_opt import load_passes
+
+    load_passes()  # a pass named here may live in a module nothing imported yet
     ctx = ctx or PassContext()
     records = []
     for p in passes:

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge.errors import ModelFormatError
-from edge.graph_opt.linear import linear_protos, resolve_lowering
 from edge.graph_opt.weight import BlockWeight, stack_rows, take_rows
 from edge.models.arch import GLOBAL_TENSORS, LAYER_TENSORS, ArchConfig
 from edge.models.gguf_file import GGUFFile
@@ -163,6 +162,8 @@ class _Builder:
         """One linear through graph_opt's emitter: its nodes carry the linear's name for the passes."""
         y = self.g.name(prefix.replace(".weight", ""))
         level = self.opts.accuracy_level if accuracy is None else accuracy
+        from edge.graph_opt.linear import linear_protos  # onnx_ir: only a build needs it
+
         nodes, inits = linear_protos(w, x, y, prefix, lowering=self.opts.lowering, accuracy_level=level)
         self.g.nodes += nodes
         self.g.inits += inits
@@ -376,6 +377,8 @@ class _Builder:
         from onnx import TensorProto, helper
 
         cfg, g, opts = self.cfg, self.g, self.opts
+        from edge.graph_opt.linear import resolve_lowering
+
         resolve_lowering(opts.lowering)  # an unknown one stops here, not at the first quantized linear
         if cfg.rope_dim != cfg.head_dim:
             raise ModelFormatError(

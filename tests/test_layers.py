@@ -68,3 +68,19 @@ def test_backend_sdks_imported_lazily() -> None:
         if top and mod.split(".")[0] in BACKEND_SDKS
     ]
     assert not bad, "\n".join(bad)
+
+
+def test_the_runtime_imports_no_graph_builder() -> None:
+    """`edge run` on a graph already built needs none of the graph passes' libraries (onnx_ir, onnxscript,
+    sympy: ~0.6 s of a one-shot run on 2 cores); graph_opt loads them when a graph is built or converted."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, edge.api, edge.cli, edge.model, edge.devices.graph_decoder, edge.devices.planned\n"
+        "heavy = [m for m in ('onnx_ir', 'onnxscript', 'sympy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import edge.graph_opt as g\n"
+        "assert 'attention' in g.PASSES and callable(g.attention) and callable(g.optimize)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
