@@ -14,12 +14,14 @@ A string is a u64 byte length and that many UTF-8 bytes; an array is u32 item ty
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import mmap
 import os
 import stat
 import struct
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -336,13 +338,63 @@ def open_gguf(path: str | os.PathLike[str], *, limits: GGUFLimits | None = None)
     """
     p = Path(path)
     try:
-        return _open(p, limits or GGUFLimits())
+        parsed = _PARSED.open(p, limits or GGUFLimits())
     except ModelFormatError as e:
         e.hint = _name_the_model(p, e.hint)
         raise
+    # a copy per caller: one may add to its metadata; the parsed values themselves are shared
+    return replace(parsed, path=p, metadata=dict(parsed.metadata), tensors=dict(parsed.tensors))
 
 
-def _open(p: Path, limits: GGUFLimits) -> GGUFFile:
+class _ParsedFiles:
+    """The last few parses in this process. A CLI run opens its model in several places (the request,
+    --backend auto's choice, the load) and a 262k-string vocabulary takes ~0.2 s to parse. A parse is reused
+    only for the same file size and limits and a byte-identical header (everything the parse read: its SHA-256
+    is checked again, ~100x cheaper than parsing), so a file rewritten in place is parsed again however close
+    its timestamps; a defective file raises and is never kept."""
+
+    KEEP = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[str, GGUFLimits], tuple[int, bytes, GGUFFile]] = {}
+
+    @staticmethod
+    def _header_digest(p: Path, size: int, n: int) -> bytes | None:
+        with open(p, "rb") as f:
+            if os.fstat(f.fileno()).st_size != size:
+                return None
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                return hashlib.sha256(buf[:n]).digest()
+
+    def open(self, p: Path, limits: GGUFLimits) -> GGUFFile:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            return _open(p, limits)[0]  # which refuses it (a FIFO would block the digest's read too)
+        key = (str(p.resolve()), limits)
+        with self._lock:
+            known = self._entries.get(key)
+        if known is not None and known[0] == st.st_size:
+            try:
+                same = self._header_digest(p, st.st_size, known[2].data_offset) == known[1]
+            except (OSError, ValueError):
+                same = False
+            if same:
+                return known[2]
+        parsed, size, digest = _open(p, limits)
+        with self._lock:
+            self._entries.pop(key, None)
+            self._entries[key] = (size, digest, parsed)
+            while len(self._entries) > self.KEEP:
+                self._entries.pop(next(iter(self._entries)))
+        return parsed
+
+
+_PARSED = _ParsedFiles()
+
+
+def _open(p: Path, limits: GGUFLimits) -> tuple[GGUFFile, int, bytes]:
+    """The parse, the file size it saw and the SHA-256 of the header bytes it read (one mapping for all)."""
     if not stat.S_ISREG(os.stat(p).st_mode):  # a FIFO or device would block or never end
         raise ModelFormatError(f"{p}: not a regular file", hint="pass a .gguf model file")
     with open(p, "rb") as f:
@@ -355,7 +407,8 @@ def _open(p: Path, limits: GGUFLimits) -> GGUFFile:
                 )
             raise _truncated(p, 24, size, "the GGUF header")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(_Parser(buf, p, size, limits))
+            parsed = _parse(_Parser(buf, p, size, limits))
+            return parsed, size, hashlib.sha256(buf[: parsed.data_offset]).digest()
 
 
 def _name_the_model(path: Path, hint: str | None) -> str | None:

@@ -180,3 +180,30 @@ def test_catalog_file_agrees_with_gguf_reader(name: str) -> None:
     assert_agrees_with_reader(g, path)
     first = next(iter(g.tensors))
     assert g.tensor_array(first).dtype == np.float32
+
+
+def test_a_file_opened_again_is_parsed_again_only_when_it_changed(tmp_path: Path) -> None:
+    """open_gguf keeps its last parses (a CLI run opens a model three times); a reuse needs the same size and a
+    byte-identical header, so an in-place rewrite is seen even with the same size, inode and timestamps."""
+    import os
+
+    path = write_tiny_gguf(tmp_path / "m.gguf")
+    a, b = open_gguf(path), open_gguf(path)
+    assert a is not b and a.metadata == b.metadata and a.tensors == b.tensors
+    a.metadata["test.u8"] = 7
+    assert open_gguf(path).metadata["test.u8"] == 255  # copies, not the kept parse
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    key = b"general.architecture"
+    at = data.index(key) + len(key) + 4 + 8  # the key, its value type, the string's length
+    value = bytes(data[at : at + 5])
+    data[at : at + 5] = value[::-1]  # same size, another architecture name
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_ino == st.st_ino and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    assert open_gguf(path).metadata["general.architecture"] == value[::-1].decode()
+    data[4:8] = struct.pack("<I", 1)  # a version the reader refuses, still the same size
+    path.write_bytes(data)
+    with pytest.raises(ModelFormatError, match="version 1"):
+        open_gguf(path)
