@@ -102,12 +102,11 @@ def ensure_graph(
     """Path of the cached ONNX graph for (file, options); built and written atomically when missing or
     damaged (the build goes to a temporary folder renamed into place, so a killed build leaves no entry).
     With a target: graph_opt's fusions for it (fuse) and its weight lowerings (always, see LOWERINGS)."""
-    import onnx
-
     final = _graph_dir(gguf, build, target, fuse, precision)
     model_path = final / "model.onnx"
     if _entry_is_whole(final):
         return model_path
+    import onnx  # only a build needs it (~1.3 s of imports on 2 cores)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:

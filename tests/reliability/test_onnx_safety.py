@@ -172,3 +172,39 @@ def test_truncated_or_garbage_graph_is_refused(cut: int, layout: tuple[Path, Pat
     path.write_bytes(path.read_bytes()[:cut] + b"\xff" * 3)
     with pytest.raises(ModelFormatError, match="not a readable ONNX file"):
         check_onnx_file(path)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(edge_cache: Path) -> None:
+    """check_onnx_file remembers what it checked in edge's cache: a private one per module."""
+
+
+def test_a_checked_graph_is_not_parsed_again_until_it_changes(
+    layout: tuple[Path, Path], edge_cache: Path
+) -> None:
+    import subprocess
+    import sys
+
+    model_dir, outside = layout
+    path = write_model(model_dir, "w.bin")
+    assert check_onnx_file(path) == {(model_dir / "w.bin").resolve()}
+    code = (
+        "import sys\nfrom edge.models.onnx_safety import check_onnx_file\n"
+        f"assert [p.name for p in check_onnx_file({str(path)!r})] == ['w.bin']\n"
+        "assert 'onnx' not in sys.modules  # the record spared the parse\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "EDGE_CACHE_DIR": str(edge_cache)}
+    )
+    # the same graph bytes, but its data file swapped for a symlink out of the folder: refused
+    (model_dir / "w.bin").unlink()
+    (model_dir / "w.bin").symlink_to(outside / "secret.bin")
+    with pytest.raises(ModelFormatError, match="outside"):
+        check_onnx_file(path)
+    # a rewritten graph is parsed again, whatever the record said
+    (model_dir / "w.bin").unlink()
+    (model_dir / "w.bin").write_bytes(np.ones(N, np.float32).tobytes())
+    check_onnx_file(path)
+    write_model(model_dir, str(outside / "secret.bin"))
+    with pytest.raises(ModelFormatError, match="absolute"):
+        check_onnx_file(path)
