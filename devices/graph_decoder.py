@@ -107,6 +107,7 @@ def ensure_graph(
     if _entry_is_whole(final):
         return model_path
     import onnx  # only a build needs it (~1.3 s of imports on 2 cores)
+
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
     try:
