@@ -16,6 +16,7 @@ See docs/api.md for the whole surface.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
@@ -48,6 +49,15 @@ log = logging.getLogger("edge")
 # (a first turn that still parts sooner only reuses less: the session keeps the common prefix and rolls back)
 _OPENING_PROBES = ("Hi", "The", "7", "¿Zürich?", " x", "\nx")
 WARM_PIECE = 256  # the opening is prefilled in pieces of this many ids, so close() waits for one at most
+
+
+def _pieces(start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) in pieces of WARM_PIECE ids, a one-id tail joined to the piece before it: llama.cpp computes
+    a one-token batch's K/V with other kernels than a prefill's (edge.session.KVSession.prepare)."""
+    bounds = [*range(start, end, WARM_PIECE), end]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return list(itertools.pairwise(bounds))
 
 
 @dataclass(frozen=True)
@@ -542,23 +552,28 @@ class Model:
                 if self.decoder.capabilities().first_run_costs:
                     warm_kernels(self.decoder)
                 opening, keep = self._opening(system)
-                if len(opening) < 2 or len(opening) > self.decoder.n_ctx // 2:
+                if stopped() or len(opening) < 2 or len(opening) > self.decoder.n_ctx // 2:
                     return 0
                 fed = self.session.window(opening, keep=keep)  # the sinks the chat will ask for
-                for start in range(self.session.prepare(fed), len(fed), WARM_PIECE):
+                for start, stop in _pieces(self.session.prepare(fed), len(fed)):
                     if stopped():
                         break
-                    self.decoder.forward(fed[start : start + WARM_PIECE], last_only=True)
+                    self.decoder.forward(fed[start:stop], last_only=True)
                 self.session.settle(fed)
-                held = self.decoder.position
-                for drafter in [] if self.speculative is None else self.speculative.drafters:
-                    if not stopped():
-                        drafter.warm_up(fed[:held])
-                return held
             except Exception as exc:  # the first answer meets it again and reports it (a device fallback too)
                 log.warning("warm-up of %s stopped: %s", self.name, exc)
                 self.session.invalidate()
                 return 0
+            held = self.decoder.position
+            # NOTE: a lazy (fallback) draft model is warmed too: this is time the user spends typing
+            for drafter in [] if self.speculative is None else self.speculative.drafters:
+                if stopped():
+                    break
+                try:
+                    drafter.warm_up(fed[:held])
+                except Exception as exc:  # the draft's own first use reports it; the target's KV is fine
+                    log.warning("warm-up of the draft %s stopped: %s", drafter.name, exc)
+            return held
 
     def _opening(self, system: str | None) -> tuple[list[int], int]:
         """The ids every first turn with this system prompt starts with, and the system span a chat of it keeps

@@ -10,6 +10,7 @@ Each pass is registered by name in `PASSES` (see graph_opt.manager); `optimize` 
 
 import importlib
 import sys
+import types
 from typing import Any
 
 _WHERE = {
@@ -147,3 +148,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+class _Package(types.ModuleType):
+    """The import system binds each submodule as an attribute of its package; where the package exports a
+    name from a submodule of that name (the pass `attention` of module `attention`), the export wins, as it did
+    when this file imported everything eagerly."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _WHERE:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

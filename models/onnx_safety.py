@@ -78,27 +78,36 @@ def check_onnx_file(path: str | os.PathLike[str]) -> frozenset[Path]:
     """Raise ModelFormatError unless `path` parses as ONNX and all its external data lies, in range, in
     regular files inside the folder of `path` (symlinks resolved); the external data files it read.
 
-    A graph already checked is not parsed again while it is byte for byte the same (its SHA-256) and each data
-    file it names still resolves inside the folder to a regular file of the size it had: the offsets and
-    lengths are the same bytes, so they are still in range. That record lives in edge's cache, never beside
-    the graph (an artifact from elsewhere cannot vouch for itself), and it spares a run `import onnx` (~1.3 s
-    on 2 cores) and the parse."""
+    A graph of edge's own graph cache that passed is not parsed again while it is byte for byte the same (its
+    SHA-256, of the very bytes that were parsed) and each location it names still resolves inside the folder
+    to a regular file of the size it had: the offsets and lengths are the same bytes, so they are still in
+    range. The record lives in edge's cache, never beside the graph; any other graph (an artifact, a user's
+    file) is parsed every time. It spares a run `import onnx` (~1.3 s on 2 cores) and the parse."""
     path = Path(path)
     folder = path.parent.resolve()
     if not path.is_file():  # a FIFO would block the read
         raise ModelFormatError(f"{path}: not a regular file", hint=_HINT)
     try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ModelFormatError(f"{path}: not a readable ONNX file: {exc}", hint=_HINT) from None
-    known = _records().get(str(path.resolve()))
+    own = _in_graph_cache(path)
+    digest = hashlib.sha256(raw).hexdigest()
+    known = _records().get(str(path.resolve())) if own else None
     if isinstance(known, dict) and known.get("sha256") == digest:
         data = _still_in_place(folder, known.get("data"))
         if data is not None:
-            return data
-    found = _parse_and_check(path, folder)
-    _remember(path, digest, {str(f.relative_to(folder)): f.stat().st_size for f in found})
-    return found
+            return frozenset(data.values())
+    found = _parse_and_check(raw, path, folder)
+    if own:
+        _remember(path, digest, {location: size for location, (_, size) in found.items()})
+    return frozenset(target for target, _ in found.values())
+
+
+def _in_graph_cache(path: Path) -> bool:
+    from edge.models.store import cache_dir
+
+    return path.resolve().is_relative_to((cache_dir() / "graphs").resolve())
 
 
 def _records_file() -> Path:
@@ -124,35 +133,43 @@ def _remember(path: Path, digest: str, data: dict[str, int]) -> None:
     with contextlib.suppress(OSError):  # a read-only cache only costs a parse next time
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=target.name + ".", dir=target.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(keep, f)
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(keep, f)
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # gone already once replaced
 
 
-def _still_in_place(folder: Path, data: Any) -> frozenset[Path] | None:
-    """The data files of a record, if each still resolves inside `folder` to a regular file of its size."""
+def _still_in_place(folder: Path, data: Any) -> dict[str, Path] | None:
+    """The record's locations (as the graph writes them) -> their files, if each still resolves inside
+    `folder` to a regular file of the size it had."""
     if not isinstance(data, dict):
         return None
-    out = []
+    out = {}
     for location, size in data.items():
         target = (folder / str(location)).resolve()
         if _unsafe_location(str(location)) or not target.is_relative_to(folder) or not target.is_file():
             return None
         if target.stat().st_size != size:
             return None
-        out.append(target)
-    return frozenset(out)
+        out[str(location)] = target
+    return out
 
 
-def _parse_and_check(path: Path, folder: Path) -> frozenset[Path]:
+def _parse_and_check(raw: bytes, path: Path, folder: Path) -> dict[str, tuple[Path, int]]:
+    """Parse `raw` (the bytes of `path` that were hashed) and check it; its external data locations, as the
+    graph writes them, -> the file each resolves to and the size it was checked against."""
     import onnx
     from google.protobuf.message import DecodeError
 
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = onnx.load_model_from_string(raw)
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise ModelFormatError(f"{path}: not a readable ONNX file: {exc}", hint=_HINT) from None
     sizes: dict[Path, int] = {}
+    locations: dict[str, Path] = {}
     for tensor in external_tensors(model):
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
@@ -170,6 +187,7 @@ def _parse_and_check(path: Path, folder: Path) -> frozenset[Path]:
             if not target.is_file():
                 raise ModelFormatError(f"{what} has external data {location!r}, which is missing", hint=_HINT)
             sizes[target] = target.stat().st_size
+        locations[location] = target
         try:
             offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
         except ValueError:
@@ -181,4 +199,4 @@ def _parse_and_check(path: Path, folder: Path) -> frozenset[Path]:
             raise ModelFormatError(
                 f"{what} needs bytes {offset}..{end} of {location!r}, which has {sizes[target]}", hint=_HINT
             )
-    return frozenset(sizes)
+    return {location: (target, sizes[target]) for location, target in locations.items()}

@@ -80,7 +80,9 @@ def test_the_runtime_imports_no_graph_builder() -> None:
         "import sys, edge.api, edge.cli, edge.model, edge.devices.graph_decoder, edge.devices.planned\n"
         "heavy = [m for m in ('onnx_ir', 'onnxscript', 'sympy') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
+        "import edge.graph_opt.pipeline, edge.graph_opt.attention  # submodules named like the passes, first\n"
         "import edge.graph_opt as g\n"
-        "assert 'attention' in g.PASSES and callable(g.attention) and callable(g.optimize)\n"
+        "assert 'attention' in g.PASSES and callable(g.attention) and callable(g.pipeline)\n"
+        "assert callable(g.optimize) and callable(g.fold) and g.PASSES['fold'].fn is g.fold\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

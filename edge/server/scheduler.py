@@ -104,7 +104,9 @@ class _Worker:
             self.ready.notify()
 
     def held(self) -> list[int]:
-        return self.model.session.held  # read only while this worker is idle
+        # read while this worker is idle; a warm-up after start may still be filling it (then the choice of
+        # replica is merely less good: the held list is replaced, never left half-written)
+        return self.model.session.held
 
     def _loop(self) -> None:
         while True:

@@ -179,24 +179,27 @@ def _private_cache(edge_cache: Path) -> None:
     """check_onnx_file remembers what it checked in edge's cache: a private one per module."""
 
 
-def test_a_checked_graph_is_not_parsed_again_until_it_changes(
-    layout: tuple[Path, Path], edge_cache: Path
-) -> None:
+def test_a_checked_graph_is_not_parsed_again_until_it_changes(tmp_path: Path, edge_cache: Path) -> None:
     import subprocess
     import sys
 
-    model_dir, outside = layout
+    model_dir, outside = edge_cache / "graphs" / "entry", tmp_path / "outside"
+    model_dir.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret.bin").write_bytes(SECRET.tobytes())
+    (model_dir / "blobs").mkdir()
+    (model_dir / "blobs" / "w.bin").write_bytes(np.ones(N, np.float32).tobytes())
+    (model_dir / "w.bin").symlink_to(model_dir / "blobs" / "w.bin")  # a hop inside the folder
     path = write_model(model_dir, "w.bin")
-    assert check_onnx_file(path) == {(model_dir / "w.bin").resolve()}
+    assert check_onnx_file(path) == {(model_dir / "blobs" / "w.bin").resolve()}
     code = (
         "import sys\nfrom edge.models.onnx_safety import check_onnx_file\n"
         f"assert [p.name for p in check_onnx_file({str(path)!r})] == ['w.bin']\n"
         "assert 'onnx' not in sys.modules  # the record spared the parse\n"
     )
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, env={**os.environ, "EDGE_CACHE_DIR": str(edge_cache)}
-    )
-    # the same graph bytes, but its data file swapped for a symlink out of the folder: refused
+    env = {**os.environ, "EDGE_CACHE_DIR": str(edge_cache)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+    # the same graph bytes, but the location it names now points out of the folder: refused
     (model_dir / "w.bin").unlink()
     (model_dir / "w.bin").symlink_to(outside / "secret.bin")
     with pytest.raises(ModelFormatError, match="outside"):
@@ -208,3 +211,14 @@ def test_a_checked_graph_is_not_parsed_again_until_it_changes(
     write_model(model_dir, str(outside / "secret.bin"))
     with pytest.raises(ModelFormatError, match="absolute"):
         check_onnx_file(path)
+
+
+def test_a_graph_outside_edges_graph_cache_is_parsed_every_time(
+    layout: tuple[Path, Path], edge_cache: Path
+) -> None:
+    """An artifact or a user's graph never rides on a record: only edge's own builds are remembered."""
+    model_dir, _ = layout
+    path = write_model(model_dir, "w.bin")
+    check_onnx_file(path)
+    records = edge_cache / "onnx-checked.json"
+    assert not records.exists() or str(path.resolve()) not in records.read_text()
