@@ -28,8 +28,8 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
-from edge.devices.jsonstore import read_json, write_json
 from edge.errors import BackendUnavailableError, ModelFormatError
+from edge.models.jsonstore import read_json, write_json
 
 __all__ = [
     "AUTO",

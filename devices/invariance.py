@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.devices.base import Decoder
-from edge.devices.jsonstore import read_json, write_json
+from edge.models.jsonstore import read_json, write_json
 from edge.models.store import cache_dir
 
 __all__ = ["rows_invariant"]

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from edge.errors import ModelFormatError
+from edge.models.jsonstore import read_json, write_json
 
 __all__ = ["check_onnx_file", "external_tensors"]
 
@@ -93,7 +92,7 @@ def check_onnx_file(path: str | os.PathLike[str]) -> frozenset[Path]:
         raise ModelFormatError(f"{path}: not a readable ONNX file: {exc}", hint=_HINT) from None
     own = _in_graph_cache(path)
     digest = hashlib.sha256(raw).hexdigest()
-    known = _records().get(str(path.resolve())) if own else None
+    known = read_json(_records_file()).get(str(path.resolve())) if own else None
     if isinstance(known, dict) and known.get("sha256") == digest:
         data = _still_in_place(folder, known.get("data"))
         if data is not None:
@@ -116,30 +115,12 @@ def _records_file() -> Path:
     return cache_dir() / "onnx-checked.json"
 
 
-def _records() -> dict[str, Any]:
-    try:
-        records = json.loads(_records_file().read_text())
-    except (OSError, ValueError):
-        return {}
-    return records if isinstance(records, dict) else {}
-
-
 def _remember(path: Path, digest: str, data: dict[str, int]) -> None:
-    records = _records()
+    records = read_json(_records_file())
     records.pop(str(path.resolve()), None)
     records[str(path.resolve())] = {"sha256": digest, "data": data}
-    keep = dict(list(records.items())[-_KEEP:])
-    target = _records_file()
     with contextlib.suppress(OSError):  # a read-only cache only costs a parse next time
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(keep, f)
-            os.replace(tmp, target)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # gone already once replaced
+        write_json(_records_file(), dict(list(records.items())[-_KEEP:]))
 
 
 def _still_in_place(folder: Path, data: Any) -> dict[str, Path] | None:

@@ -204,7 +204,7 @@ def test_the_claim_is_checked_on_this_machine_once(tmp_path: Path, edge_cache: P
     itself (devices/invariance.py) once per graph and machine, leaves its KV empty, and a cached verdict that
     it does not hold switches the claim off."""
     from edge.devices import invariance
-    from edge.devices.jsonstore import read_json, write_json
+    from edge.models.jsonstore import read_json, write_json
 
     path = _model("qwen2-q8_0", tmp_path)
     dec = _decoder(path, 2048)

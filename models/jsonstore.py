@@ -1,5 +1,5 @@
-"""The small JSON files edge keeps in its cache (measured speeds, file hashes, invariance checks): read as
-{} when absent or damaged, written whole and atomically."""
+"""The small JSON files edge keeps in its cache (measured speeds, file hashes, invariance checks, ONNX graphs
+already checked): read as {} when absent or damaged, written whole and atomically."""
 
 from __future__ import annotations
 
