@@ -9,8 +9,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from edge.graph_opt import load_passes
-from edge.graph_opt.manager import PASSES, PassContext, PassRecord, run_passes
+from edge.graph_opt.manager import PassContext, PassRecord, run_passes
 from edge.graph_opt.quantize import QuantReport, QuantSpec
 
 __all__ = [
@@ -103,8 +102,7 @@ def optimize(
         "progress": progress,
     }
     ctx = PassContext(target, options)
-    load_passes()  # every pass module registered before PASSES is read
-    records = run_passes(model, [PASSES[p] for p in pipeline(target, fuse=fuse, precision=precision)], ctx)
+    records = run_passes(model, pipeline(target, fuse=fuse, precision=precision), ctx)  # names: it loads them
     return OptimizeResult(records, report)
 
 

@@ -360,12 +360,12 @@ class _ParsedFiles:
         self._entries: dict[tuple[str, GGUFLimits], tuple[int, bytes, GGUFFile]] = {}
 
     @staticmethod
-    def _header_digest(p: Path, size: int, n: int) -> bytes | None:
+    def _digest_of(p: Path, size: int, n: int) -> bytes | None:
         with open(p, "rb") as f:
             if os.fstat(f.fileno()).st_size != size:
                 return None
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                return hashlib.sha256(buf[:n]).digest()
+                return _header_digest(buf, n)
 
     def open(self, p: Path, limits: GGUFLimits) -> GGUFFile:
         st = os.stat(p)
@@ -376,7 +376,7 @@ class _ParsedFiles:
             known = self._entries.get(key)
         if known is not None and known[0] == st.st_size:
             try:
-                same = self._header_digest(p, st.st_size, known[2].data_offset) == known[1]
+                same = self._digest_of(p, st.st_size, known[2].data_offset) == known[1]
             except (OSError, ValueError):
                 same = False
             if same:
@@ -391,6 +391,12 @@ class _ParsedFiles:
 
 
 _PARSED = _ParsedFiles()
+
+
+def _header_digest(buf: mmap.mmap, n: int) -> bytes:
+    """SHA-256 of the first n bytes (a parse's header: metadata and tensor index), hashed in place."""
+    with memoryview(buf) as view:
+        return hashlib.sha256(view[:n]).digest()
 
 
 def _open(p: Path, limits: GGUFLimits) -> tuple[GGUFFile, int, bytes]:
@@ -408,7 +414,7 @@ def _open(p: Path, limits: GGUFLimits) -> tuple[GGUFFile, int, bytes]:
             raise _truncated(p, 24, size, "the GGUF header")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             parsed = _parse(_Parser(buf, p, size, limits))
-            return parsed, size, hashlib.sha256(buf[: parsed.data_offset]).digest()
+            return parsed, size, _header_digest(buf, parsed.data_offset)
 
 
 def _name_the_model(path: Path, hint: str | None) -> str | None:
