@@ -20,11 +20,12 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from fresh_process import interleaved_runs, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -72,14 +73,12 @@ def main() -> None:
         print(json.dumps(_child(args.model, backend, variant == "warm", args.system, args.threads)))
         return
     variants = [f"{b}:{v}" for b in args.backends.split(",") for v in ("cold", "warm")]
-    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
-    for _ in range(args.rounds):  # variants interleaved, so drift of the machine spreads over all
-        for v in variants:
-            cmd = [sys.executable, __file__, args.model, "--child", v, "--threads", str(args.threads)]
-            cmd += [] if args.system is None else ["--system", args.system]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(v, runs[v][-1], flush=True)
+
+    def command(v: str) -> list[str]:
+        cmd = [sys.executable, __file__, args.model, "--child", v, "--threads", str(args.threads)]
+        return cmd + ([] if args.system is None else ["--system", args.system])
+
+    runs = interleaved_runs(command, variants, args.rounds)
     rows = {}
     for v, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in KEYS}
@@ -97,7 +96,6 @@ def main() -> None:
         "load_avg_1min_end": os.getloadavg()[0],
     }
     stem = RESULTS / f"first-answer-{args.model}-{day}{args.tag}"
-    stem.parent.joinpath(stem.name + ".json").write_text(json.dumps(out, indent=1))
     system = "the template's own" if args.system is None else repr(args.system)
     lines = [
         f"# First chat answer after load, {args.model} ({day})",
@@ -116,8 +114,7 @@ def main() -> None:
             f"| {backend} | {'yes' if variant == 'warm' else 'no'} | {r['load_s']:.2f} | {r['warm_s']:.2f} | "
             f"{r['prompt_tokens']} | {r['cached']:.0f} | {r['ttft_s']:.3f} | {r['total_s']:.2f} |"
         )
-    stem.parent.joinpath(stem.name + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(stem, out, lines)
 
 
 if __name__ == "__main__":

@@ -21,21 +21,22 @@ import datetime as dt
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from fresh_process import interleaved_runs, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 STEPS = 16
-WARM_ROWS = 16  # the warm-up's many-row forward (a verify width)
 
 
 def _child(model: str, variant: str, prompt_tokens: int, threads: int) -> dict[str, float]:
     sys.path.insert(0, str(ROOT))
     from edge.bench import bench_prompt
+    from edge.devices.base import warm_kernels
     from edge.devices.registry import DecoderOptions, open_decoder
     from edge.models.gguf_file import open_gguf
     from edge.models.store import resolve_model
@@ -49,9 +50,7 @@ def _child(model: str, variant: str, prompt_tokens: int, threads: int) -> dict[s
         backend, path, "cpu", DecoderOptions(n_ctx=prompt_tokens + 2 * STEPS, n_threads=threads)
     )
     if variant.endswith("-warm"):
-        dec.forward(prompt[:WARM_ROWS], last_only=True)
-        dec.forward(prompt[:1])
-        dec.reset()
+        warm_kernels(dec)  # what Model.warm_up runs where a backend has first-run costs
     load = time.perf_counter() - t0
 
     def timed(tokens: list[int]) -> tuple[float, int]:
@@ -84,15 +83,12 @@ def main() -> None:
         print(json.dumps(_child(args.model, args.child, args.prompt, args.threads)))
         return
     variants = args.backends.split(",")
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-    for _ in range(args.rounds):  # variants interleaved, so drift of the machine spreads over all
-        for v in variants:
-            cmd = [sys.executable, __file__, args.model, "--child", v, "--prompt", str(args.prompt)]
-            out = subprocess.run(
-                [*cmd, "--threads", str(args.threads)], capture_output=True, text=True, check=True
-            )
-            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
-            print(v, runs[v][-1], flush=True)
+
+    def command(v: str) -> list[str]:
+        cmd = [sys.executable, __file__, args.model, "--child", v, "--prompt", str(args.prompt)]
+        return [*cmd, "--threads", str(args.threads)]
+
+    runs = interleaved_runs(command, variants, args.rounds)
     rows: dict[str, dict[str, Any]] = {}
     for v, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in ("load_s", "first_s", "steps_s", "warm_s")}
@@ -115,7 +111,6 @@ def main() -> None:
         "load_avg_1min_end": os.getloadavg()[0],
     }
     stem = RESULTS / f"first-prompt-{args.model}-{day}{args.tag}"
-    stem.parent.joinpath(stem.name + ".json").write_text(json.dumps(out, indent=1))
     lines = [
         f"# First prompt after load, {args.model} ({day})",
         "",
@@ -133,8 +128,7 @@ def main() -> None:
             f"| {v} | {r['load_s']:.2f} | {r['first_s']:.3f} | {r['first_tok_s']:.0f} | {r['warm_tok_s']:.0f} | "
             f"{r['steps_s']:.3f} | {r['answer_s']:.2f} |{ratio}"
         )
-    stem.parent.joinpath(stem.name + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(stem, out, lines)
 
 
 if __name__ == "__main__":
