@@ -92,6 +92,8 @@ def test_only_openvino_runs_its_first_run_kernels(model_file: Path, edge_cache: 
         if costs:  # a many-row and a one-row forward, forgotten, then the opening
             assert len(rec.fed) == WARM_ROWS + 1 + held and rec.fed[WARM_ROWS] == rec.fed[0]
             assert ("reset", 0) in rec.events
+        else:  # nothing but the opening
+            assert len(rec.fed) == held
         assert held > 5 and rec.fed[-held:] == want[:held] and m.kv_state().position == held
 
 
