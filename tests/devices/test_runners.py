@@ -1,5 +1,6 @@
 """OrtRunner keeps an input bound while it is fed the same array object (a decode step's past KV views):
-ORT reads the memory at run time, so in-place writes are seen, and a binding never outlives its input."""
+ORT reads the memory at run time, so in-place writes are seen, and a binding never outlives its input. It keeps
+small outputs bound between runs of the same shapes, and a result it handed out never changes afterwards."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
+import edge.devices.runners as runners
 from edge.devices.runners import OrtRunner, RunnerOptions
 
 
@@ -44,4 +47,44 @@ def test_a_kept_binding_reads_the_array_as_it_is_at_run_time(tmp_path: Path) -> 
     runner.run({"x": strided, "y": one}, ["z"])
     wide[:, ::2] = 3.0
     assert np.array_equal(runner.run({"x": strided, "y": one}, ["z"])[0], np.full((2, 4), 4.0, np.float32))
+    runner.close()
+
+
+def _range_graph(path: Path) -> Path:
+    """y = Range(0, n, 1): the output's shape hangs on the value of n, not on any input's shape."""
+    n = helper.make_tensor_value_info("n", TensorProto.INT64, [])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [None])
+    zero = helper.make_tensor("zero", TensorProto.INT64, [], [0])
+    one = helper.make_tensor("one", TensorProto.INT64, [], [1])
+    graph = helper.make_graph(
+        [helper.make_node("Range", ["zero", "n", "one"], ["y"])], "range", [n], [y], [zero, one]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("keep_bytes", [runners.KEEP_OUTPUTS_BYTES, -1])
+def test_results_are_never_overwritten_by_later_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_bytes: int
+) -> None:
+    """Small outputs stay bound between runs of the same shapes (ORT reuses their buffers), large ones are
+    bound afresh: either way a result handed out earlier keeps its values."""
+    monkeypatch.setattr(runners, "KEEP_OUTPUTS_BYTES", keep_bytes)
+    runner = OrtRunner(_add_graph(tmp_path / "add.onnx"), RunnerOptions())
+    x = np.ones((2, 4), np.float32)
+    results = [runner.run({"x": x, "y": np.full((2, 4), v, np.float32)}, ["z"])[0] for v in (1.0, 2.0, 3.0)]
+    for v, got in zip((2.0, 3.0, 4.0), results, strict=True):
+        assert np.array_equal(got, np.full((2, 4), v, np.float32))
+    # another row count: the kept buffers do not fit, so they are bound anew
+    assert np.array_equal(runner.run({"x": x[:1], "y": x[:1]}, ["z"])[0], np.full((1, 4), 2.0, np.float32))
+    runner.close()
+
+
+def test_an_output_shaped_by_input_values_is_bound_afresh(tmp_path: Path) -> None:
+    """Same input shapes, another output shape: ORT refuses the kept buffer and the runner binds a new one."""
+    runner = OrtRunner(_range_graph(tmp_path / "range.onnx"), RunnerOptions())
+    for n in (3, 3, 5, 2, 2):
+        assert runner.run({"n": np.array(n, np.int64)}, ["y"])[0].tolist() == list(range(n))
     runner.close()
