@@ -31,7 +31,7 @@ from edge.models.onnx_safety import check_onnx_file
 from edge.models.store import cache_dir
 from edge.models.transformer import BuildOptions, Embedder, build_decoder
 
-GRAPH_FORMAT = 16  # bump when the graph a builder emits changes, to invalidate cached graphs
+GRAPH_FORMAT = 17  # bump when the graph a builder emits changes, to invalidate cached graphs
 
 
 @dataclass(frozen=True)
