@@ -18,10 +18,12 @@ benchmarks/graph_passes.py).
 Grouped queries ride as rows: with grp = h / kvh > 1 query heads per K/V head, the Attention op gets kvh heads
 of grp * q query rows each (group-major rows, the mask tiled grp times) instead of h heads of q rows. ORT's CPU
 Attention runs one SGEMM per query head against that head's K and one against its V (ComputeAttentionProbs and
-ComputeVxAttentionScore in core/providers/cpu/llm/attention.cc), each reading and packing the whole K/V head:
+ComputeVxAttentionScore in core/providers/cpu/llm/attention.cc), each reading the whole K/V head:
 with h heads every K/V head goes through that grp times, with kvh heads once. Same dot products, same order:
-bit-identical context. Measured on 30 layers of smollm2's shapes (9 / 3 heads, 2 query rows, 512 past slots, 2 threads, AVX2
-EPYC): 7.7 -> 4.2 ms; qwen2.5-coder-0.5b's (14 / 2 heads): 12.0 -> 7.7 ms (see benchmarks/decode_context.py).
+bit-identical context. 30 layers of it alone, 2 query rows, 2 threads, AVX2 EPYC (`python
+benchmarks/attention_heads.py [--heads 14 --kv-heads 2]`, benchmarks/results/attention-heads-2026-12-02.md):
+smollm2-135m's 9 / 3 heads at 512 / 1,024 past slots 11.3 -> 7.7 / 29.5 -> 18.2 ms, qwen2.5-coder-0.5b's
+14 / 2 heads 10.8 -> 7.6 / 32.4 -> 17.6 ms.
 
 Why not ORT's own ops (checked against ORT 1.32's schemas): GroupQueryAttention keeps its cache in BNSH
 [1, kvh, S, hd] and writes new K/V at rows [past, past + q) itself (or returns past ++ new), which is neither our
