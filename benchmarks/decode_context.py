@@ -93,10 +93,11 @@ def main() -> None:
         lines.append(f"| {b} | " + " | ".join(cells) + f" | {slope[b]:.2f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    stem = RESULTS / f"decode-context-{args.model}-{dt.date.today()}{args.tag}"
-    stem.with_suffix(".md").write_text(text)
+    # NOTE: not Path.with_suffix: a model name's dots ("qwen2.5-coder-0.5b") would be taken for a suffix
+    stem = f"decode-context-{Path(args.model).name}-{dt.date.today()}{args.tag}"
+    (RESULTS / f"{stem}.md").write_text(text)
     payload = {"args": vars(args), "median_ms": med, "slope_ms_per_1k": slope, "runs_ms": times, "load": load}
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":
