@@ -91,8 +91,10 @@ class Choice:
 
 # -- keys --------------------------------------------------------------------------------------------------
 def machine_key(threads: int | None) -> dict[str, Any]:
-    """What a measurement holds for: the CPU, the thread count and the runtimes' versions (installed ones)."""
+    """What a measurement holds for: the CPU, the thread count, the runtimes' versions (installed ones) and the
+    own graphs' format (a graph change, such as a new attention form, makes earlier measurements stale)."""
     from edge.devices.discovery import probe_cpu
+    from edge.devices.graph_decoder import GRAPH_FORMAT
 
     cpu = probe_cpu()
     versions: dict[str, str | None] = {}
@@ -105,6 +107,7 @@ def machine_key(threads: int | None) -> dict[str, Any]:
         versions["edge"] = metadata.version("edge-llm")
     except metadata.PackageNotFoundError:
         versions["edge"] = None
+    versions["graph_format"] = str(GRAPH_FORMAT)
     return {"cpu": cpu.model, "threads": threads or cpu.physical_cores, "versions": versions}
 
 

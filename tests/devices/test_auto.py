@@ -69,6 +69,15 @@ def test_the_choice_follows_the_measurement(tiny: Path) -> None:
     assert choose_backend(tiny, threads=3, available=ALL).source == "prior"
 
 
+def test_a_new_graph_format_makes_measurements_stale(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The own graphs' speed was measured on the graphs of one GRAPH_FORMAT; another one measures again."""
+    _record(tiny, {"llamacpp": (500.0, 100.0), "ort": (900.0, 150.0)})
+    assert choose_backend(tiny, threads=1, available=ALL).source == "measured"
+    monkeypatch.setattr("edge.devices.graph_decoder.GRAPH_FORMAT", 10_000)
+    assert machine_key(1)["versions"]["graph_format"] == "10000"
+    assert choose_backend(tiny, threads=1, available=ALL).source == "prior"
+
+
 def test_fastest_means_the_whole_reference_request(tiny: Path) -> None:
     # ort decodes faster but prefills so slowly that a 128 + 128-token request takes longer on it
     _record(tiny, {"llamacpp": (1000.0, 100.0), "ort": (50.0, 110.0)})
