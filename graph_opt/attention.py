@@ -20,14 +20,18 @@ of grp * q query rows each (group-major rows, the mask tiled grp times) instead 
 Attention runs one SGEMM per query head against that head's K and one against its V (ComputeAttentionProbs and
 ComputeVxAttentionScore in core/providers/cpu/llm/attention.cc), each reading the whole K/V head:
 with h heads every K/V head goes through that grp times, with kvh heads once. Same dot products, same order:
-bit-identical context. 30 layers of it alone, 2 query rows, 2 threads, AVX2 EPYC (`python
-benchmarks/attention_heads.py [--heads 14 --kv-heads 2]`, benchmarks/results/attention-heads-2026-12-02.md):
+bit-identical context whenever a forward has >= 2 query rows (the staged graphs always do: their padding row).
+A one-row forward of an unstaged graph now runs MLAS's many-row kernel (grp rows), which rounds within ulps of
+its one-row kernel (`python benchmarks/attention_heads.py --rows 1`). Timed alone, 30 layers, 2 query rows,
+2 threads, AVX2 EPYC (`python benchmarks/attention_heads.py [--heads 14 --kv-heads 2]`,
+benchmarks/results/attention-heads-2026-12-02.md):
 smollm2-135m's 9 / 3 heads at 512 / 1,024 past slots 11.3 -> 7.7 / 29.5 -> 18.2 ms, qwen2.5-coder-0.5b's
 14 / 2 heads 10.8 -> 7.6 / 32.4 -> 17.6 ms. The price is in prefill: ORT parallelizes the op over its heads
 only, and kvh heads of grp * 257 rows split worse over the threads than h heads of 257 rows (gemma3-270m has
 one K/V head): a 512-token prompt on 2 threads took 3-9% longer (smollm2-135m 454 -> 414 tok/s, gemma3-270m
 378 -> 352, qwen2.5-coder-0.5b 137 -> 131; the two graphs in one process, turn about, 4 rounds). An If on the
-row count could keep both, but the partitioner does not follow values a subgraph reads from outside.
+row count could keep both; tried, OpenVINO computed that If wrongly (max abs error 12 on the tiny llama), and
+both branches agree bit for bit only from 2 rows, so it is not taken.
 
 Why not ORT's own ops (checked against ORT 1.32's schemas): GroupQueryAttention keeps its cache in BNSH
 [1, kvh, S, hd] and writes new K/V at rows [past, past + q) itself (or returns past ++ new), which is neither our
