@@ -120,8 +120,9 @@ def main() -> None:
         if args.fidelity:
             runs[model]["fidelity"] = fidelity(model, args)
     stem = RESULTS / f"fast-graphs-{dt.date.today()}{args.tag}"
-    stem.with_suffix(".json").write_text(json.dumps(runs, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(markdown(runs, args))
+    # names, not Path.with_suffix: a --tag with a dot would be taken for a suffix
+    stem.parent.joinpath(f"{stem.name}.json").write_text(json.dumps(runs, indent=1) + "\n")
+    stem.parent.joinpath(f"{stem.name}.md").write_text(markdown(runs, args))
     print(markdown(runs, args))
 
 

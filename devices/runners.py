@@ -109,6 +109,7 @@ class OrtRunner:
         # the array each input is bound to (the binding holds it too, so it stays alive while bound)
         self._bound: dict[str, np.ndarray] = {}
         self._outputs_key: tuple[object, ...] | None = None  # what the bound outputs were bound for
+        self._keep_outputs = True  # False once ORT refused kept output buffers (OrtRunner.run)
         # NOTE: a kept binding reads the array's memory at run time only on the CPU provider; another one
         # (CUDA, DirectML) copies an input to its device when it is bound, so there every input is rebound
         self._keep_bindings = self.session.get_providers()[0] == "CPUExecutionProvider"
@@ -129,28 +130,29 @@ class OrtRunner:
             if self._bound.get(name) is not arr or not arr.flags.c_contiguous or not self._keep_bindings:
                 b.bind_cpu_input(name, arr)
                 self._bound[name] = arr
-        # Outputs stay bound while the wanted outputs and every input's shape are the same as last run (the
-        # output shapes follow from them in edge's graphs) and they are small (a decode step's): ORT then
-        # writes into the buffers it allocated for the last run instead of 61 rebinds per smollm2 step (0.86 ->
-        # 0.33 ms of runner overhead per decode step, benchmarks/ort_runner_overhead.py). Results from kept
-        # buffers are copies, so a caller's arrays are never overwritten by a later run; large outputs (a
-        # prompt's logits) are handed out as ORT allocated them and bound afresh next run.
-        key = (tuple(outputs), tuple(a.shape for a in feeds.values()))
-        if key == self._outputs_key:
+        # Outputs stay bound while the wanted outputs and every input's name and shape are the same as last run
+        # (the output shapes follow from them in edge's graphs) and they are small (a decode step's): ORT then
+        # writes into the buffers it allocated for the last run instead of 61 rebinds per smollm2 step (Python
+        # around the run 0.72 -> 0.29 ms per decode step, benchmarks/results/ort-runner-overhead-2026-12-02.md).
+        # Results from kept buffers are copies, so a caller's arrays are never overwritten by a later run; large
+        # outputs (a prompt's logits) are handed out as ORT allocated them and bound afresh next run.
+        key = (tuple(outputs), tuple((name, a.shape) for name, a in feeds.items()))
+        if self._keep_outputs and key == self._outputs_key:
             try:
                 self.session.run_with_iobinding(b)
                 return b.copy_outputs_to_cpu()  # type: ignore[no-any-return]
-            except Exception:
-                # a graph whose output shapes hang on input values: ORT refuses the kept buffers; bind afresh
-                # below (a real failure fails again there)
-                self._outputs_key = None
+            except RuntimeError:
+                # ORT refuses kept buffers whose shapes this run does not produce (a graph whose output shapes
+                # hang on input values): this runner stops keeping them, and the run is redone with fresh ones
+                # below (a real failure fails again there, with its own message)
+                self._keep_outputs = False
         b.clear_binding_outputs()
         self._outputs_key = None
         for name in outputs:
             b.bind_output(name, "cpu")
         self.session.run_with_iobinding(b)
         out = [v.numpy() for v in b.get_outputs()]
-        if sum(a.nbytes for a in out) <= KEEP_OUTPUTS_BYTES:
+        if self._keep_outputs and sum(a.nbytes for a in out) <= KEEP_OUTPUTS_BYTES:
             self._outputs_key = key
             return [a.copy() for a in out]
         return out

@@ -28,7 +28,7 @@ benchmarks/results/attention-heads-2026-12-02.md):
 smollm2-135m's 9 / 3 heads at 512 / 1,024 past slots 11.3 -> 7.7 / 29.5 -> 18.2 ms, qwen2.5-coder-0.5b's
 14 / 2 heads 10.8 -> 7.6 / 32.4 -> 17.6 ms. The price is in prefill: ORT parallelizes the op over its heads
 only, and kvh heads of grp * 257 rows split worse over the threads than h heads of 257 rows (gemma3-270m has
-one K/V head): a 512-token prompt on 2 threads took 3-9% longer (smollm2-135m 454 -> 414 tok/s, gemma3-270m
+one K/V head): a 512-token prompt on 2 threads took 5-10% longer (smollm2-135m 454 -> 414 tok/s, gemma3-270m
 378 -> 352, qwen2.5-coder-0.5b 137 -> 131; the two graphs in one process, turn about, 4 rounds). An If on the
 row count could keep both; tried, OpenVINO computed that If wrongly (max abs error 12 on the tiny llama), and
 both branches agree bit for bit only from 2 rows, so it is not taken.

@@ -73,8 +73,11 @@ def test_results_are_never_overwritten_by_later_runs(
     bound afresh: either way a result handed out earlier keeps its values."""
     monkeypatch.setattr(runners, "KEEP_OUTPUTS_BYTES", keep_bytes)
     runner = OrtRunner(_add_graph(tmp_path / "add.onnx"), RunnerOptions())
+    binds = _count_output_binds(runner, monkeypatch)
     x = np.ones((2, 4), np.float32)
     results = [runner.run({"x": x, "y": np.full((2, 4), v, np.float32)}, ["z"])[0] for v in (1.0, 2.0, 3.0)]
+    # small outputs: bound once and kept for the next two runs; too large: bound every run
+    assert len(binds) == (1 if keep_bytes > 0 else 3)
     for v, got in zip((2.0, 3.0, 4.0), results, strict=True):
         assert np.array_equal(got, np.full((2, 4), v, np.float32))
     # another row count: the kept buffers do not fit, so they are bound anew
@@ -82,9 +85,27 @@ def test_results_are_never_overwritten_by_later_runs(
     runner.close()
 
 
-def test_an_output_shaped_by_input_values_is_bound_afresh(tmp_path: Path) -> None:
-    """Same input shapes, another output shape: ORT refuses the kept buffer and the runner binds a new one."""
+def test_an_output_shaped_by_input_values_is_bound_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same input shapes, another output shape: ORT refuses the kept buffer, the runner redoes the run with a
+    new one and keeps no outputs for that graph from then on (no refused run per call)."""
     runner = OrtRunner(_range_graph(tmp_path / "range.onnx"), RunnerOptions())
+    binds = _count_output_binds(runner, monkeypatch)
     for n in (3, 3, 5, 2, 2):
         assert runner.run({"n": np.array(n, np.int64)}, ["y"])[0].tolist() == list(range(n))
+    # 3: bound; 3: kept; 5: refused, bound; 2, 2: bound every run
+    assert len(binds) == 4
     runner.close()
+
+
+def _count_output_binds(runner: OrtRunner, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    bind = runner._binding.bind_output
+
+    def counted(name: str, *args: object, **kwargs: object) -> None:
+        calls.append(name)
+        bind(name, *args, **kwargs)
+
+    monkeypatch.setattr(runner._binding, "bind_output", counted)
+    return calls
