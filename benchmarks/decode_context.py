@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -91,13 +91,10 @@ def main() -> None:
     for b in backends:
         cells = [f"{med[b][c]:.2f} ({med[ref][c] / med[b][c]:.2f}x)" for c in contexts]
         lines.append(f"| {b} | " + " | ".join(cells) + f" | {slope[b]:.2f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    # NOTE: not Path.with_suffix: a model name's dots ("qwen2.5-coder-0.5b") would be taken for a suffix
-    stem = f"decode-context-{Path(args.model).name}-{dt.date.today()}{args.tag}"
-    (RESULTS / f"{stem}.md").write_text(text)
     payload = {"args": vars(args), "median_ms": med, "slope_ms_per_1k": slope, "runs_ms": times, "load": load}
-    (RESULTS / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    write_results(
+        RESULTS / f"decode-context-{Path(args.model).name}-{dt.date.today()}{args.tag}", payload, lines
+    )
 
 
 if __name__ == "__main__":

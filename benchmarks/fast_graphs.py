@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from results_io import write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
@@ -119,11 +121,9 @@ def main() -> None:
         runs[model] = {"bench": bench(model, args)}
         if args.fidelity:
             runs[model]["fidelity"] = fidelity(model, args)
-    stem = RESULTS / f"fast-graphs-{dt.date.today()}{args.tag}"
-    # names, not Path.with_suffix: a --tag with a dot would be taken for a suffix
-    stem.parent.joinpath(f"{stem.name}.json").write_text(json.dumps(runs, indent=1) + "\n")
-    stem.parent.joinpath(f"{stem.name}.md").write_text(markdown(runs, args))
-    print(markdown(runs, args))
+    write_results(
+        RESULTS / f"fast-graphs-{dt.date.today()}{args.tag}", runs, markdown(runs, args).splitlines()
+    )
 
 
 if __name__ == "__main__":

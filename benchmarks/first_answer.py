@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fresh_process import interleaved_runs, write_results
+from fresh_process import interleaved_runs
+from results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -1,12 +1,11 @@
 """Shared by the benchmarks that time a model's first moments (first_prompt.py, first_answer.py): every run in a
-fresh process, the variants interleaved round by round, and the results written as .json and .md."""
+fresh process, the variants interleaved round by round."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 
@@ -22,10 +21,3 @@ def interleaved_runs(
             runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(v, runs[v][-1], flush=True)
     return runs
-
-
-def write_results(stem: Path, data: dict[str, Any], lines: Sequence[str]) -> None:
-    """stem.json (all figures) and stem.md (the table), which is printed too; a stem may contain dots."""
-    stem.parent.joinpath(stem.name + ".json").write_text(json.dumps(data, indent=1))
-    stem.parent.joinpath(stem.name + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))

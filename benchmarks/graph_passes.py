@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -208,9 +209,6 @@ def main() -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    # NOTE: names, not Path.with_suffix: a model name's dots ("qwen2.5-coder-0.5b") would be taken for a suffix
-    stem = args.out / f"graph-passes-{args.model}-{date}"
-    stem.parent.joinpath(f"{stem.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         f"# graph_opt passes: {args.model}, {date}",
         "",
@@ -228,8 +226,7 @@ def main() -> None:
             f"{r['decode_tok_s']} | {r['cpu_ms_per_token']} | {r['decode_vs_llamacpp']}x | "
             f"{r['best_prefill_tok_s']}, {r['best_decode_ms']}, {ref_best / r['best_decode_ms']:.2f}x |"
         )
-    stem.parent.joinpath(f"{stem.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out / f"graph-passes-{args.model}-{date}", report, lines)
 
 
 if __name__ == "__main__":
