@@ -77,6 +77,11 @@ def _mask_4d(mask5: ir.Value) -> ir.Value | None:
     return node.inputs[0]
 
 
+def _flat(op, past, new):  # type: ignore[no-untyped-def]
+    """Past ++ new slots [1, L, kvh, hd] viewed as [1, L, kvh*hd] (slot-major: no transpose)."""
+    return op.Reshape(op.Concat(past, new, axis=1), op.Constant(value_ints=[0, 0, -1]))
+
+
 def _grouped_attention(op, q3, keys, values, mask4, dims):  # type: ignore[no-untyped-def]
     """Attention of q3 [1, q, h*hd] over keys / values [1, L, kvh*hd] with mask4 [1, 1, q, L] -> [1, q, h*hd],
     each K/V head's grp query heads as grp * q rows of one head (see the module's docstring)."""
@@ -128,9 +133,7 @@ class _SplitAttention(pattern.RewriteRuleClassBase):
         return result
 
     def rewrite(self, op, q5, past_k, new_k, past_v, new_v, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
-        flat = op.Constant(value_ints=[0, 0, -1])
-        keys = op.Reshape(op.Concat(past_k, new_k, axis=1), flat)
-        values = op.Reshape(op.Concat(past_v, new_v, axis=1), flat)
+        keys, values = _flat(op, past_k, new_k), _flat(op, past_v, new_v)
         return _grouped_attention(op, _query_3d(op, q5), keys, values, _mask_4d(mask5), _head_dims(q5))
 
 
@@ -163,17 +166,10 @@ class _StagedAttention(_SplitAttention):
 
     def rewrite(self, op, q5, past_k, new_k, past_v, new_v, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
         dims = _head_dims(q5)
-        kvh, grp, hd = dims  # type: ignore[misc]
-        pad = op.Constant(value=ir.tensor(np.zeros((1, 1, kvh * grp * hd), np.float32)))
-        flat = op.Constant(value_ints=[0, 0, -1])
-        out = _grouped_attention(
-            op,
-            op.Concat(_query_3d(op, q5), pad, axis=1),
-            op.Reshape(op.Concat(past_k, new_k, axis=1), flat),
-            op.Reshape(op.Concat(past_v, new_v, axis=1), flat),
-            _mask_4d(mask5),
-            dims,
-        )
+        pad = op.Constant(value=ir.tensor(np.zeros((1, 1, int(np.prod(dims))), np.float32)))
+        queries = op.Concat(_query_3d(op, q5), pad, axis=1)
+        keys, values = _flat(op, past_k, new_k), _flat(op, past_v, new_v)
+        out = _grouped_attention(op, queries, keys, values, _mask_4d(mask5), dims)
         one = op.Constant(value_ints=[1])
         return op.Slice(out, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]), one, one)
 
