@@ -81,7 +81,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, limit in variants.items():
             runners.KEEP_OUTPUTS_BYTES = limit
-            runner._outputs_key = None
+            runner._kept_outputs = None
             dec.reset()
             dec.forward(prompt, last_only=True)
             session.native = in_runner[0] = 0.0

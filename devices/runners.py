@@ -108,7 +108,8 @@ class OrtRunner:
         self._binding = self.session.io_binding()
         # the array each input is bound to (the binding holds it too, so it stays alive while bound)
         self._bound: dict[str, np.ndarray] = {}
-        self._outputs_key: tuple[object, ...] | None = None  # what the bound outputs were bound for
+        # the outputs kept bound for the inputs' current shapes (None: bind them afresh next run)
+        self._kept_outputs: tuple[str, ...] | None = None
         self._keep_outputs = True  # False once ORT refused kept output buffers (OrtRunner.run)
         # NOTE: a kept binding reads the array's memory at run time only on the CPU provider; another one
         # (CUDA, DirectML) copies an input to its device when it is bound, so there every input is rebound
@@ -127,7 +128,10 @@ class OrtRunner:
             # out the same views until the bound prefix or the window moves): ORT reads its memory at run
             # time, so what the ring wrote since is seen. ORT copies a non-contiguous array when binding it,
             # so those are bound every run. Skipping the ~120 binds of smollm2's step saves ~0.4 ms of ~8.
-            if self._bound.get(name) is not arr or not arr.flags.c_contiguous or not self._keep_bindings:
+            old = self._bound.get(name)
+            if old is not arr or not arr.flags.c_contiguous or not self._keep_bindings:
+                if old is None or old.shape != arr.shape:
+                    self._kept_outputs = None  # kept outputs are shaped for the inputs they were bound with
                 b.bind_cpu_input(name, arr)
                 self._bound[name] = arr
         # Outputs stay bound while the wanted outputs and every input's name and shape are the same as last run
@@ -136,8 +140,8 @@ class OrtRunner:
         # around the run 0.72 -> 0.29 ms per decode step, benchmarks/results/ort-runner-overhead-2026-12-02.md).
         # Results from kept buffers are copies, so a caller's arrays are never overwritten by a later run; large
         # outputs (a prompt's logits) are handed out as ORT allocated them and bound afresh next run.
-        key = (tuple(outputs), tuple((name, a.shape) for name, a in feeds.items()))
-        if self._keep_outputs and key == self._outputs_key:
+        wanted = tuple(outputs)
+        if self._keep_outputs and wanted == self._kept_outputs:
             try:
                 self.session.run_with_iobinding(b)
                 return b.copy_outputs_to_cpu()  # type: ignore[no-any-return]
@@ -147,20 +151,20 @@ class OrtRunner:
                 # below (a real failure fails again there, with its own message)
                 self._keep_outputs = False
         b.clear_binding_outputs()
-        self._outputs_key = None
+        self._kept_outputs = None
         for name in outputs:
             b.bind_output(name, "cpu")
         self.session.run_with_iobinding(b)
         out = [v.numpy() for v in b.get_outputs()]
         if self._keep_outputs and sum(a.nbytes for a in out) <= KEEP_OUTPUTS_BYTES:
-            self._outputs_key = key
+            self._kept_outputs = wanted
             return [a.copy() for a in out]
         return out
 
     def close(self) -> None:
         self._binding = None  # type: ignore[assignment]
         self._bound = {}
-        self._outputs_key = None
+        self._kept_outputs = None
         self.session = None  # type: ignore[assignment]
 
 
