@@ -18,8 +18,6 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-FORMS = ((4, 32), (8, 32), (8, 16))  # (bits, block)
-
 
 def _session(bits: int, block: int, k: int, n: int) -> ort.InferenceSession:
     rng = np.random.default_rng(0)
@@ -55,11 +53,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="128,256,512")
     ap.add_argument("--shapes", default="1024x640,2048x640,640x4096,4864x896")
+    ap.add_argument("--forms", default="4/32,8/32,8/16", help="bits/block, comma-separated (2/32: 2-bit)")
     args = ap.parse_args()
+    forms = [tuple(int(x) for x in f.split("/")) for f in args.forms.split(",")]
     rows = [int(m) for m in args.rows.split(",")]
     for shape in args.shapes.split(","):
         k, n = (int(d) for d in shape.split("x"))
-        sessions = {form: _session(*form, k, n) for form in FORMS}
+        sessions = {form: _session(*form, k, n) for form in forms}
         for m in rows:
             a = np.random.default_rng(1).standard_normal((1, m, k), dtype=np.float32)
             best = dict.fromkeys(sessions, float("inf"))
