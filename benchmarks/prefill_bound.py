@@ -2,14 +2,21 @@
 
     python benchmarks/prefill_bound.py qwen2.5-coder-0.5b qwen2.5-coder-1.5b [--prompt 512 --threads 2]
 
-For each model: every weight-bearing node of the graph `--backend ort` runs (MatMulNBits at its bits, block
-and accuracy level; MatMul with a constant weight) is timed alone at the prefill chunk's row count on one
-thread, hot in cache, least CPU time of several runs. Their sum over a prompt's chunks, divided by the
-threads (perfect scaling), is a lower bound on the graph's prefill time: attention, norms and every other node
-are left out. A second bound runs every linear as a plain fp32 MatMul (MLAS SGEMM: the ceiling of any form that
-dequantizes first, at 4 bytes a weight). llama.cpp and the graph prefill the same prompt in the same run
-(first prompt after load, then the best of 2 warm ones), and the bounds are given as multiples of llama.cpp's
-speed: a bound under 2 means no graph on these kernels reaches #14's 2x prefill on this machine.
+For each model, every weight-bearing node of the graph `--backend ort` runs (`--precision fast`: MatMulNBits at
+its bits, block and accuracy level; MatMul with a constant weight, the K-quants' block-bias term) is timed
+alone at the prefill chunk's row count on one thread: the least process CPU time of 5 runs after a first one.
+Summed over the prompt's chunks and divided by the threads (perfect scaling), plus the head on the prompt's last
+row, that is a lower bound on the graph's prefill time: attention, norms and every other node are left out.
+
+Three bounds:
+- graph: each linear in the form the graph has.
+- fp32: each linear as a plain fp32 MatMul (MLAS SGEMM, the ceiling of any form that dequantizes first, at 4
+  bytes a weight); the block-bias MatMuls are dropped (dequantized weights hold their mins).
+- best: each linear in the faster of its graph form and fp32, block-bias MatMuls dropped. No graph of these
+  weights on these kernels prefills faster than this, whatever form it gives each linear.
+
+llama.cpp and the graph prefill the same prompt in the same run (first prompt after load, then the best of 2
+warm ones). A best bound under 2x llama.cpp's first prompt means #14's 2x prefill is out of reach here.
 """
 
 from __future__ import annotations
@@ -17,15 +24,18 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
+import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import llama_cpp
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from matmulnbits_kernels import linear_session
+from onnx import helper
 from results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,13 +44,30 @@ sys.path.insert(0, str(ROOT))
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.models.store import resolve_model  # noqa: E402
 
-# (K, N, bits, block, accuracy level); bits 0 = fp32 MatMul
-Form = tuple[int, int, int, int, int]
+PROTO_LIMIT = 2**31 - 2**24  # an fp32 weight must fit one protobuf message (2 GiB), with room for the rest
+
+
+class Form(NamedTuple):
+    k: int
+    n: int
+    bits: int  # 0: an fp32 MatMul (the block-bias term)
+    block: int
+    level: int
+
+    def name(self) -> str:
+        return f"{self.bits}-bit/{self.block} level {self.level}" if self.bits else "fp32 MatMul (block bias)"
+
+
+class Prefill(NamedTuple):
+    first: float  # tok/s, the first prompt after load
+    warm: float  # tok/s, the best of 2 more
+    chunk: int
+    graph: Path | None
 
 
 def graph_forms(path: Path) -> tuple[collections.Counter[Form], Form]:
     """The weight-bearing nodes of a graph counted by form, less the head, and the head's form (the node that
-    writes "logits": a prefill runs it on the prompt's last row only)."""
+    writes "logits")."""
     model = onnx.load(str(path), load_external_data=False)
     consts = {t.name: list(t.dims) for t in model.graph.initializer}
     forms: collections.Counter[Form] = collections.Counter()
@@ -48,9 +75,9 @@ def graph_forms(path: Path) -> tuple[collections.Counter[Form], Form]:
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
             a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-            form = (a["K"], a["N"], a["bits"], a["block_size"], a.get("accuracy_level", 0))
-        elif node.op_type == "MatMul" and node.input[1] in consts and len(consts[node.input[1]]) == 2:
-            form = (*consts[node.input[1]], 0, 0, 0)
+            form = Form(a["K"], a["N"], a["bits"], a["block_size"], a.get("accuracy_level", 0))
+        elif node.op_type == "MatMul" and len(consts.get(node.input[1], [])) == 2:
+            form = Form(*consts[node.input[1]], 0, 0, 0)
         else:
             continue
         if "logits" in node.output:
@@ -62,38 +89,10 @@ def graph_forms(path: Path) -> tuple[collections.Counter[Form], Form]:
     return forms, head
 
 
-def _session(form: Form, fp32: bool) -> ort.InferenceSession:
-    k, n, bits, block, level = form
-    rng = np.random.default_rng(0)
-    if fp32 or bits == 0:
-        node = helper.make_node("MatMul", ["A", "W"], ["Y"])
-        inits = [numpy_helper.from_array(rng.standard_normal((k, n), dtype=np.float32), "W")]
-    else:
-        codes = rng.integers(0, 256, (n, k // block, block * bits // 8), dtype=np.uint8)
-        scales = rng.random(n * (k // block), dtype=np.float32) * 0.01
-        node = helper.make_node(
-            "MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft",
-            K=k, N=n, bits=bits, block_size=block, accuracy_level=level,
-        )  # fmt: skip
-        inits = [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "S")]
-    graph = helper.make_graph(
-        [node],
-        "linear",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, "M", k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, "M", n])],
-        inits,
-    )
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    model = helper.make_model(graph, opset_imports=opsets).SerializeToString()
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-
-
 def kernel_seconds(form: Form, rows: int, fp32: bool, runs: int = 5) -> float:
-    """Least one-thread CPU time of one run of this form at `rows` rows."""
-    sess = _session(form, fp32)
-    a = np.random.default_rng(1).standard_normal((1, rows, form[0]), dtype=np.float32)
+    """Least one-thread CPU time of one run of this form (fp32: as an fp32 MatMul) at `rows` rows."""
+    sess = linear_session(form.k, form.n, 0 if fp32 else form.bits, form.block, form.level)
+    a = np.random.default_rng(1).standard_normal((1, rows, form.k), dtype=np.float32)
     sess.run(None, {"A": a})
     best = float("inf")
     for _ in range(runs):
@@ -103,11 +102,11 @@ def kernel_seconds(form: Form, rows: int, fp32: bool, runs: int = 5) -> float:
     return best
 
 
-def prefill_tok_s(backend: str, model: str, prompt: list[int], threads: int) -> tuple[float, float, Any]:
-    """(first prompt after load, best warm) tokens/s, and the decoder (closed: its chunk and graph_path)."""
-    opts = DecoderOptions(n_ctx=len(prompt) + 64, n_threads=threads)
+def prefill(backend: str, model: str, prompt: list[int], threads: int) -> Prefill:
+    opts = DecoderOptions(n_ctx=len(prompt) + 64, n_threads=threads, precision="fast")
     dec = open_decoder(backend, resolve_model(model), "cpu", opts)
     try:
+        chunk, graph = int(getattr(dec, "chunk", len(prompt))), getattr(dec, "graph_path", None)
         times = []
         for _ in range(3):
             dec.reset()
@@ -116,39 +115,39 @@ def prefill_tok_s(backend: str, model: str, prompt: list[int], threads: int) -> 
             times.append(time.perf_counter() - t0)
     finally:
         dec.close()
-    return len(prompt) / times[0], len(prompt) / min(times[1:]), dec
+    return Prefill(len(prompt) / times[0], len(prompt) / min(times[1:]), chunk, graph)
 
 
 def bound(model: str, args: argparse.Namespace) -> dict[str, Any]:
     prompt = [100 + (i * 7919) % 20000 for i in range(args.prompt)]
-    llama_first, llama_warm, _ = prefill_tok_s("llamacpp", model, prompt, args.threads)
-    ort_first, ort_warm, dec = prefill_tok_s("ort", model, prompt, args.threads)
-    chunk = dec.chunk
-    forms, head = graph_forms(dec.graph_path)
-    chunks = [min(chunk, args.prompt - i) for i in range(0, args.prompt, chunk)]
-    cost = {"kernels": 0.0, "fp32": 0.0}
+    own = prefill("ort", model, prompt, args.threads)
+    if own.graph is None:
+        raise SystemExit(f"{model}: the ORT decoder has no graph file to read the linears from")
+    forms, head = graph_forms(own.graph)
+    llama = prefill("llamacpp", model, prompt, args.threads)
+    chunks = collections.Counter(min(own.chunk, args.prompt - i) for i in range(0, args.prompt, own.chunk))
+    total = {"graph": 0.0, "fp32": 0.0, "best": 0.0}
     rows: list[dict[str, Any]] = []
-    for form, count in sorted(forms.items(), key=lambda f: -f[0][0] * f[0][1] * f[1]):
-        # every chunk of one size costs alike: time each size once, weight by how often it occurs
-        per = {
-            kind: sum(kernel_seconds(form, m, kind == "fp32") * chunks.count(m) for m in set(chunks))
-            for kind in cost
-        }
-        for kind in cost:
-            cost[kind] += count * per[kind]
-        k, n, bits, block, level = form
-        name = f"{bits}-bit/{block} level {level}" if bits else "fp32 MatMul"
-        rows.append(
-            {"form": name, "k": k, "n": n, "count": count, "ms": {x: 1e3 * v for x, v in per.items()}}
-        )
-    for kind in cost:
-        cost[kind] += kernel_seconds(head, 1, kind == "fp32")
-    bound_tok_s = {kind: args.prompt / (s / args.threads) for kind, s in cost.items()}
+    for form, count in sorted(forms.items(), key=lambda f: -f[0].k * f[0].n * f[1]):
+        # every chunk of one size costs alike: time each size once, weight it by how often it occurs
+        graph_s = sum(kernel_seconds(form, m, False) * c for m, c in chunks.items())
+        fp32_s = sum(kernel_seconds(form, m, True) * c for m, c in chunks.items()) if form.bits else 0.0
+        best_s = min(graph_s, fp32_s) if form.bits else 0.0
+        for kind, s in (("graph", graph_s), ("fp32", fp32_s), ("best", best_s)):
+            total[kind] += count * s
+        rows.append({"form": form.name(), "k": form.k, "n": form.n, "count": count, "ms": 1e3 * graph_s})
+        rows[-1]["fp32_ms"] = 1e3 * fp32_s
+    head_s = kernel_seconds(head, 1, False)
+    head_fp32 = kernel_seconds(head, 1, True) if head.k * head.n * 4 < PROTO_LIMIT else head_s
+    for kind, s in (("graph", head_s), ("fp32", head_fp32), ("best", min(head_s, head_fp32))):
+        total[kind] += s
+    rows.append({"form": f"head: {head.name()}", "k": head.k, "n": head.n, "count": 1, "ms": 1e3 * head_s})
+    rows[-1]["fp32_ms"] = 1e3 * head_fp32
     return {
-        "chunk": chunk,
-        "llamacpp": {"first": llama_first, "warm": llama_warm},
-        "ort": {"first": ort_first, "warm": ort_warm},
-        "bound_tok_s": bound_tok_s,
+        "chunk": own.chunk,
+        "llamacpp": {"first": llama.first, "warm": llama.warm},
+        "ort": {"first": own.first, "warm": own.warm},
+        "bound_tok_s": {kind: args.prompt / (s / args.threads) for kind, s in total.items()},
         "forms": rows,
     }
 
@@ -162,41 +161,43 @@ def main() -> None:
     args = ap.parse_args()
     runs = {m: bound(m, args) for m in args.models}
     day = dt.date.today().isoformat()
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "onnxruntime": ort.__version__,
+        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode(),
+    }
     lines = [
         f"# Prefill bound of the own ORT graph on ONNX Runtime {ort.__version__}'s kernels ({day})",
         "",
         f"`python benchmarks/prefill_bound.py {' '.join(args.models)} --prompt {args.prompt} "
-        f"--threads {args.threads}`: a {args.prompt}-token prompt, {args.threads} threads. Bound = the graph's "
-        "weight-bearing nodes alone, each timed on one thread hot in cache, summed over the chunks and divided "
-        "by the threads (all other nodes free, perfect scaling), plus the head on the prompt's last row. "
-        "fp32 bound = the same linears as fp32 SGEMM.",
+        f"--threads {args.threads}`: a {args.prompt}-token prompt, {args.threads} threads, `--precision fast`; "
+        f"llama.cpp: {machine['llama_cpp_system_info'].strip()}. Bounds (see the script's docstring): the "
+        "graph's weight-bearing nodes alone, each timed on one thread (least CPU time of 5 runs), summed over "
+        "the chunks and divided by the threads (all other nodes free, perfect scaling), plus the head on the "
+        "prompt's last row; graph = each linear in its graph form, fp32 = each as fp32 SGEMM (block-bias terms "
+        "dropped), best = the faster of the two for each linear.",
         "",
-        "| model | chunk | llama.cpp first / warm tok/s | ORT graph first / warm | bound (ORT kernels) | "
-        "x llama.cpp first | fp32 SGEMM bound | x llama.cpp first |",
+        "| model | chunk | llama.cpp first / warm tok/s | ORT graph first / warm | bound: graph | fp32 | best | "
+        "best x llama.cpp first |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, r in runs.items():
         lf, b = r["llamacpp"]["first"], r["bound_tok_s"]
         lines.append(
             f"| {m} | {r['chunk']} | {lf:.0f} / {r['llamacpp']['warm']:.0f} | {r['ort']['first']:.0f} / "
-            f"{r['ort']['warm']:.0f} | {b['kernels']:.0f} | {b['kernels'] / lf:.2f} | {b['fp32']:.0f} | "
-            f"{b['fp32'] / lf:.2f} |"
+            f"{r['ort']['warm']:.0f} | {b['graph']:.0f} ({b['graph'] / lf:.2f}x) | {b['fp32']:.0f} "
+            f"({b['fp32'] / lf:.2f}x) | {b['best']:.0f} | **{b['best'] / lf:.2f}x** |"
         )
     for m, r in runs.items():
-        lines += [
-            "",
-            f"## {m}: the forms, one prompt, one thread",
-            "",
-            "| form | K x N | nodes | ms | fp32 ms |",
-        ]
-        lines.append("|---|---|---|---|---|")
+        lines += ["", f"## {m}: one node of each form over the whole prompt, one thread", ""]
+        lines += ["| form | K x N | nodes | ms a node | as fp32, ms a node |", "|---|---|---|---|---|"]
         for f in r["forms"]:
             lines.append(
-                f"| {f['form']} | {f['k']} x {f['n']} | {f['count']} | {f['ms']['kernels']:.1f} | "
-                f"{f['ms']['fp32']:.1f} |"
+                f"| {f['form']} | {f['k']} x {f['n']} | {f['count']} | {f['ms']:.1f} | {f['fp32_ms']:.1f} |"
             )
     stem = ROOT / "benchmarks" / "results" / f"prefill-bound-{day}{args.tag}"
-    write_results(stem, {"args": vars(args), "runs": runs}, lines)
+    write_results(stem, {"args": vars(args), "machine": machine, "runs": runs}, lines)
 
 
 if __name__ == "__main__":
