@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
+from edge.graph_opt._rules import ROLE_KEY  # noqa: E402
 from edge.models.store import resolve_model  # noqa: E402
 
 PROTO_LIMIT = 2**31 - 2**24  # an fp32 weight must fit one protobuf message (2 GiB), with room for the rest
@@ -50,12 +51,15 @@ PROTO_LIMIT = 2**31 - 2**24  # an fp32 weight must fit one protobuf message (2 G
 class Form(NamedTuple):
     k: int
     n: int
-    bits: int  # 0: an fp32 MatMul (the block-bias term)
+    bits: int  # 0: an fp32 MatMul
     block: int
     level: int
+    bias: bool  # the K-quants' block-bias MatMul (gone where weights are dequantized first)
 
     def name(self) -> str:
-        return f"{self.bits}-bit/{self.block} level {self.level}" if self.bits else "fp32 MatMul (block bias)"
+        if self.bits:
+            return f"{self.bits}-bit/{self.block} level {self.level}"
+        return "fp32 MatMul (block bias)" if self.bias else "fp32 MatMul"
 
 
 class Prefill(NamedTuple):
@@ -67,17 +71,27 @@ class Prefill(NamedTuple):
 
 def graph_forms(path: Path) -> tuple[collections.Counter[Form], Form]:
     """The weight-bearing nodes of a graph counted by form, less the head, and the head's form (the node that
-    writes "logits")."""
+    writes "logits"). A node this script cannot time as it runs (zero points or a bias on a MatMulNBits, a
+    constant-weight MatMul that no linear layer emitted) stops it: a bound that left it out would be wrong."""
     model = onnx.load(str(path), load_external_data=False)
     consts = {t.name: list(t.dims) for t in model.graph.initializer}
     forms: collections.Counter[Form] = collections.Counter()
     head: Form | None = None
     for node in model.graph.node:
+        role = next((p.value for p in node.metadata_props if p.key == ROLE_KEY), None)
         if node.op_type == "MatMulNBits":
+            if len([i for i in node.input if i]) != 3:
+                raise SystemExit(
+                    f"{path}: {node.name} has zero points, g_idx or a bias; only A, B, scales are timed"
+                )
             a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-            form = Form(a["K"], a["N"], a["bits"], a["block_size"], a.get("accuracy_level", 0))
+            form = Form(a["K"], a["N"], a["bits"], a["block_size"], a.get("accuracy_level", 0), False)
         elif node.op_type == "MatMul" and len(consts.get(node.input[1], [])) == 2:
-            form = Form(*consts[node.input[1]], 0, 0, 0)
+            if role not in ("weight", "bias"):
+                raise SystemExit(
+                    f"{path}: {node.name} multiplies by a constant but is not part of a linear layer"
+                )
+            form = Form(*consts[node.input[1]], 0, 0, 0, role == "bias")
         else:
             continue
         if "logits" in node.output:
@@ -131,18 +145,38 @@ def bound(model: str, args: argparse.Namespace) -> dict[str, Any]:
     for form, count in sorted(forms.items(), key=lambda f: -f[0].k * f[0].n * f[1]):
         # every chunk of one size costs alike: time each size once, weight it by how often it occurs
         graph_s = sum(kernel_seconds(form, m, False) * c for m, c in chunks.items())
-        fp32_s = sum(kernel_seconds(form, m, True) * c for m, c in chunks.items()) if form.bits else 0.0
-        best_s = min(graph_s, fp32_s) if form.bits else 0.0
-        for kind, s in (("graph", graph_s), ("fp32", fp32_s), ("best", best_s)):
+        fp32_s = (
+            graph_s if not form.bits else sum(kernel_seconds(form, m, True) * c for m, c in chunks.items())
+        )
+        if form.bias:  # dequantized weights hold their mins: no block-bias term in the fp32 and best bounds
+            fp32_s = 0.0
+        for kind, s in (("graph", graph_s), ("fp32", fp32_s), ("best", min(graph_s, fp32_s))):
             total[kind] += count * s
-        rows.append({"form": form.name(), "k": form.k, "n": form.n, "count": count, "ms": 1e3 * graph_s})
-        rows[-1]["fp32_ms"] = 1e3 * fp32_s
+        rows.append(
+            {
+                "form": form.name(),
+                "k": form.k,
+                "n": form.n,
+                "count": count,
+                "ms": 1e3 * graph_s,
+                "fp32_ms": 1e3 * fp32_s,
+            }
+        )
     head_s = kernel_seconds(head, 1, False)
-    head_fp32 = kernel_seconds(head, 1, True) if head.k * head.n * 4 < PROTO_LIMIT else head_s
+    fits = head.bits and head.k * head.n * 4 < PROTO_LIMIT  # else: fp32 already, or too large to time as fp32
+    head_fp32 = kernel_seconds(head, 1, True) if fits else head_s
     for kind, s in (("graph", head_s), ("fp32", head_fp32), ("best", min(head_s, head_fp32))):
         total[kind] += s
-    rows.append({"form": f"head: {head.name()}", "k": head.k, "n": head.n, "count": 1, "ms": 1e3 * head_s})
-    rows[-1]["fp32_ms"] = 1e3 * head_fp32
+    rows.append(
+        {
+            "form": f"head: {head.name()}",
+            "k": head.k,
+            "n": head.n,
+            "count": 1,
+            "ms": 1e3 * head_s,
+            "fp32_ms": 1e3 * head_fp32,
+        }
+    )
     return {
         "chunk": own.chunk,
         "llamacpp": {"first": llama.first, "warm": llama.warm},
