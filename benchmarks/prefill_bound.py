@@ -132,6 +132,17 @@ def prefill(backend: str, model: str, prompt: list[int], threads: int) -> Prefil
     return Prefill(len(prompt) / times[0], len(prompt) / min(times[1:]), chunk, graph)
 
 
+def _row(name: str, form: Form, count: int, graph_s: float, fp32_s: float) -> dict[str, Any]:
+    return {
+        "form": name,
+        "k": form.k,
+        "n": form.n,
+        "count": count,
+        "ms": 1e3 * graph_s,
+        "fp32_ms": 1e3 * fp32_s,
+    }
+
+
 def bound(model: str, args: argparse.Namespace) -> dict[str, Any]:
     prompt = [100 + (i * 7919) % 20000 for i in range(args.prompt)]
     own = prefill("ort", model, prompt, args.threads)
@@ -152,31 +163,13 @@ def bound(model: str, args: argparse.Namespace) -> dict[str, Any]:
             fp32_s = 0.0
         for kind, s in (("graph", graph_s), ("fp32", fp32_s), ("best", min(graph_s, fp32_s))):
             total[kind] += count * s
-        rows.append(
-            {
-                "form": form.name(),
-                "k": form.k,
-                "n": form.n,
-                "count": count,
-                "ms": 1e3 * graph_s,
-                "fp32_ms": 1e3 * fp32_s,
-            }
-        )
+        rows.append(_row(form.name(), form, count, graph_s, fp32_s))
     head_s = kernel_seconds(head, 1, False)
     fits = head.bits and head.k * head.n * 4 < PROTO_LIMIT  # else: fp32 already, or too large to time as fp32
     head_fp32 = kernel_seconds(head, 1, True) if fits else head_s
     for kind, s in (("graph", head_s), ("fp32", head_fp32), ("best", min(head_s, head_fp32))):
         total[kind] += s
-    rows.append(
-        {
-            "form": f"head: {head.name()}",
-            "k": head.k,
-            "n": head.n,
-            "count": 1,
-            "ms": 1e3 * head_s,
-            "fp32_ms": 1e3 * head_fp32,
-        }
-    )
+    rows.append(_row(f"head: {head.name()}", head, 1, head_s, head_fp32))
     return {
         "chunk": own.chunk,
         "llamacpp": {"first": llama.first, "warm": llama.warm},
