@@ -52,7 +52,7 @@ def linear_session(k: int, n: int, bits: int, block: int, level: int = 4) -> ort
 
 def _form(text: str) -> tuple[int, int]:
     bits, _, block = text.partition("/")
-    if not (bits.isdigit() and block.isdigit()):
+    if not (bits.isdigit() and block.isdigit() and int(bits) > 0 and int(block) > 0):
         raise SystemExit(f"--forms: {text!r} is not bits/block (e.g. 4/32)")
     return int(bits), int(block)
 
