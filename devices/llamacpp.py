@@ -13,6 +13,7 @@ import numpy as np
 from edge.devices.auto import INSTALL_LLAMACPP
 from edge.devices.base import Capabilities, KVFill
 from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
+from edge.models.checked import CheckedModel, as_checked
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ class LlamaCppDecoder:
 
     backend = "llamacpp"
 
-    def __init__(self, path: str | Path, options: LlamaCppOptions | None = None) -> None:
+    def __init__(self, model: CheckedModel | str | Path, options: LlamaCppOptions | None = None) -> None:
         opts = options or LlamaCppOptions()
+        path = as_checked(model).source().path  # llama.cpp reads only what edge's checks passed
         llama_cpp = _import_llama_cpp()
         if opts.device not in ("cpu", "gpu"):
             raise DeviceError(f"llamacpp runs on cpu or gpu, not {opts.device!r}", hint="use --device cpu")

@@ -35,6 +35,7 @@ from edge.devices.registry import BACKENDS, DecoderOptions, estimate_memory
 from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
+from edge.models.checked import CheckedModel, as_checked
 from edge.models.store import cache_dir
 
 __all__ = [
@@ -182,17 +183,22 @@ class Opening:
     open: Callable[[], tuple[Decoder, Placement]]
 
 
-def _check_fits(backend: str, path: Path, n_ctx: int, available: int | None) -> None:
+def _check_fits(backend: str, model: CheckedModel, n_ctx: int, available: int | None) -> None:
     """The backend sizes the model before anything is allocated (InsufficientMemoryError when it cannot fit)."""
-    need = estimate_memory(backend, path, n_ctx)
+    need = estimate_memory(backend, model, n_ctx)
     if need is not None:
-        check_fits(need, path.name, backend, n_ctx, available)
+        check_fits(need, model.path.name, backend, n_ctx, available)
 
 
 def resolve_request(
-    path: Path, request: DeviceRequest, options: PlannedOptions, *, log: Callable[[str], None] | None = None
+    model: CheckedModel | Path,
+    request: DeviceRequest,
+    options: PlannedOptions,
+    *,
+    log: Callable[[str], None] | None = None,
 ) -> Opening:
-    """Decide where `path` (a GGUF or an `edge convert` artifact) runs as `request` says, and check that it
+    """Decide where `model` (a GGUF or an `edge convert` artifact, checked: models/checked.py; a bare path is
+    checked here) runs as `request` says, and check that it
     fits: one device keeps the whole model on one backend (with none named, or `auto`, the CPU runs the one
     that measures fastest for this model: devices/auto.py, and the placement says why); `--device auto`,
     `hetero:...` and an emulated NPU go through the planner."""
@@ -200,15 +206,15 @@ def resolve_request(
     from edge.devices.placement import place
     from edge.devices.probe import device_profiles
     from edge.devices.registry import open_decoder
-    from edge.models.artifact import is_artifact, open_artifact
-    from edge.models.gguf_file import open_gguf
 
+    model = as_checked(model)
+    path = model.path
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
     dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision)
     free = options.available_memory
-    artifact = is_artifact(path)
+    artifact = model.artifact is not None
     asked = None if request.backend in (None, AUTO) else request.backend  # auto: edge chooses
     if mode == "single" and not request.emulate:
         t = targets[0]
@@ -217,7 +223,7 @@ def resolve_request(
         choice = _auto_choice(path, options) if auto and t.kind == "cpu" else None
         if backend is None:
             if artifact:
-                backend = open_artifact(path).target
+                backend = model.artifact.target
             else:
                 backend = choice.backend if choice else PREFERRED_BACKENDS[t.kind][0]
         allow = request.fallback is not None
@@ -231,12 +237,12 @@ def resolve_request(
         if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
             choice = choice or _auto_choice(path, options)
             placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
-        _check_fits(placement.backend, path, options.n_ctx, free)
+        _check_fits(placement.backend, model, options.n_ctx, free)
         single = placement
         if single.auto is not None:
-            return Opening(single, None, lambda: _open_auto(path, single, dopts))
+            return Opening(single, None, lambda: _open_auto(model, single, dopts))
         return Opening(
-            single, None, lambda: (open_decoder(single.backend, path, single.device, dopts), single)
+            single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single)
         )
 
     inventory = discover()
@@ -245,13 +251,13 @@ def resolve_request(
         profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
     if asked and mode == "auto":
         profiles = [p for p in profiles if p.backend == asked]
-    if artifact:
+    if model.artifact is not None:
         if mode != "hetero":
             raise DeviceError(
                 f"{path} is already partitioned; name a device per partition with --device hetero:A,B",
                 hint="or run it on one device with --device cpu",
             )
-        art = open_artifact(path)
+        art = model.artifact
         if len(targets) != len(art.partitions):
             raise DeviceError(
                 f"{path.name} has {len(art.partitions)} partitions but --device names {len(targets)} devices",
@@ -273,7 +279,7 @@ def resolve_request(
         parts = Placement(backends, kinds)
         return Opening(parts, None, lambda: (open_artifact_decoder(path, where, options=popts), parts))
 
-    gguf = open_gguf(path)
+    gguf = model.gguf
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
     ctx = min(options.n_ctx, options.static_capacity) if request.emulate else options.n_ctx
     model = model_profile(
@@ -284,18 +290,22 @@ def resolve_request(
     plan_ = plan(model, profiles, mode, targets, fallback=request.fallback)
     first = plan_.partitions[0].device
     # one partition or several, they hold the whole model and one KV between them: their backend sizes it
-    _check_fits(first.backend, path, ctx, free)
+    _check_fits(first.backend, model, ctx, free)
     where = _placement_of(plan_)
     if len(plan_.partitions) == 1 and not plan_.static:
-        return Opening(where, plan_, lambda: (open_decoder(first.backend, path, first.kind, dopts), where))
+        return Opening(where, plan_, lambda: (open_decoder(first.backend, model, first.kind, dopts), where))
     return Opening(where, plan_, lambda: (open_planned_decoder(path, plan_, options, log=log), where))
 
 
 def open_requested(
-    path: Path, request: DeviceRequest, options: PlannedOptions, *, log: Callable[[str], None] | None = None
+    model: CheckedModel | Path,
+    request: DeviceRequest,
+    options: PlannedOptions,
+    *,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Decoder, Placement, Plan | None]:
     """`resolve_request`, then open: the decoder, where it runs, and the plan when one was made."""
-    opening = resolve_request(path, request, options, log=log)
+    opening = resolve_request(model, request, options, log=log)
     decoder, placement = opening.open()
     return decoder, placement, opening.plan
 
@@ -304,18 +314,18 @@ def _auto_choice(path: Path, options: PlannedOptions) -> Choice:
     return choose_backend(path, precision=options.precision, threads=options.threads)
 
 
-def _open_auto(path: Path, placement: Placement, dopts: DecoderOptions) -> tuple[Decoder, Placement]:
+def _open_auto(model: CheckedModel, placement: Placement, dopts: DecoderOptions) -> tuple[Decoder, Placement]:
     """Open auto's choice. A file the own graph builder refuses only while building (a block type it does not
     import, partial rotary embeddings) goes to llama.cpp, as one models/arch.py refuses does, with the note."""
     from edge.devices.registry import open_decoder
 
     try:
-        return open_decoder(placement.backend, path, "cpu", dopts), placement
+        return open_decoder(placement.backend, model, "cpu", dopts), placement
     except ModelFormatError as exc:
         if placement.backend == "llamacpp" or dopts.precision == "exact":
             raise
         try:
-            decoder = open_decoder("llamacpp", path, "cpu", dopts)
+            decoder = open_decoder("llamacpp", model, "cpu", dopts)
         except BackendUnavailableError:
             raise ModelFormatError(
                 f"{exc.message}; only llama.cpp may run this file, and llama-cpp-python is not installed",

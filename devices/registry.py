@@ -16,6 +16,7 @@ from edge.devices.discovery import BackendStatus, probe_coreml, probe_llamacpp, 
 from edge.devices.memory import MemoryEstimate, MemoryEstimator, graph_memory, llamacpp_memory
 from edge.devices.runners import OpenVinoRunner, OrtRunner, Runner, RunnerOptions
 from edge.errors import BackendUnavailableError, DeviceError
+from edge.models.checked import CheckedModel, as_checked
 
 __all__ = [
     "BACKENDS",
@@ -54,30 +55,27 @@ class DecoderOptions:
         check_precision(self.precision)
 
 
-BackendFactory = Callable[[Path, str, DecoderOptions], Decoder]
+BackendFactory = Callable[[CheckedModel, str, DecoderOptions], Decoder]
 RunnerFactory = Callable[[Path, RunnerOptions], Runner]
 
 
-def _llamacpp(path: Path, device: str, opts: DecoderOptions) -> Decoder:
+def _llamacpp(model: CheckedModel, device: str, opts: DecoderOptions) -> Decoder:
     from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
-    from edge.models.artifact import is_artifact, open_artifact
 
-    if is_artifact(path):  # an `edge convert` artifact: llama.cpp runs the GGUF it was converted from
-        path = open_artifact(path).source_path()
-    return LlamaCppDecoder(path, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device))
+    # an `edge convert` artifact: llama.cpp runs the GGUF it was converted from, checked as any other
+    source = model.source()
+    return LlamaCppDecoder(source, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device))
 
 
 def _graph(backend: str) -> BackendFactory:
-    def factory(path: Path, device: str, opts: DecoderOptions) -> Decoder:
+    def factory(model: CheckedModel, device: str, opts: DecoderOptions) -> Decoder:
         from edge.devices.graph_decoder import GraphDecoder, GraphOptions
-        from edge.models.artifact import is_artifact
-        from edge.models.gguf_file import open_gguf
 
-        if is_artifact(path):  # `edge convert` output: its partitions, all on this backend
+        if model.artifact is not None:  # `edge convert` output: its partitions, all on this backend
             from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
 
             popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
-            return open_artifact_decoder(path, backend, device=device, options=popts)
+            return open_artifact_decoder(model.path, backend, device=device, options=popts)
         graph = GraphOptions(
             backend=backend,
             device=device,
@@ -86,7 +84,7 @@ def _graph(backend: str) -> BackendFactory:
             precision=opts.precision,
             spin=opts.spin,
         )
-        return GraphDecoder(open_gguf(path), graph)
+        return GraphDecoder(model.gguf, graph)
 
     return factory
 
@@ -144,23 +142,25 @@ def graph_runner(backend: str) -> RunnerFactory:
     return entry.runner
 
 
-def estimate_memory(backend: str, path: str | Path, n_ctx: int) -> MemoryEstimate | None:
-    """What `backend` takes for the model file at `path` with `n_ctx` tokens of KV; None for an `edge convert`
-    artifact (its partitions are not sized here)."""
-    from edge.models.artifact import is_artifact
-    from edge.models.gguf_file import open_gguf
-
+def estimate_memory(backend: str, model: CheckedModel | Path, n_ctx: int) -> MemoryEstimate | None:
+    """What `backend` takes for `model` with `n_ctx` tokens of KV; None for an `edge convert` artifact (its
+    partitions are not sized here)."""
+    model = as_checked(model)
     entry = require_backend(backend)
-    if entry.memory is None or is_artifact(Path(path)):
+    if entry.memory is None or model.artifact is not None:
         return None
-    return entry.memory(open_gguf(Path(path)), n_ctx)
+    return entry.memory(model.gguf, n_ctx)
 
 
 def open_decoder(
-    backend: str, path: str | Path, device: str = "cpu", options: DecoderOptions | None = None
+    backend: str,
+    model: CheckedModel | str | Path,
+    device: str = "cpu",
+    options: DecoderOptions | None = None,
 ) -> Decoder:
-    """Open `backend` on `path`. Model file checks are the caller's (open_gguf), and so is the memory check
-    (`estimate_memory`, which devices.planned.resolve_request runs before anything is allocated)."""
+    """Open `backend` on `model`: checked already (models/checked.py), or a path checked here, so nothing
+    native reads a file the checks have not passed. The memory check is the caller's (`estimate_memory`,
+    which devices.planned.resolve_request runs before anything is allocated)."""
     entry = require_backend(backend)
     assert entry.open is not None  # require_backend returns runnable ones only
-    return entry.open(Path(path), device, options or DecoderOptions())
+    return entry.open(as_checked(model), device, options or DecoderOptions())

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.model import Model
-from edge.models.arch import check_block_count
-from edge.models.artifact import is_artifact, open_artifact
-from edge.models.catalog import CATALOG, DEFAULT_MODEL
-from edge.models.gguf_file import open_gguf
-from edge.models.store import PullProgress, resolve_model
-from edge.models.tokenizer import load_tokenizer
+from edge.models.checked import check_model
+from edge.models.store import PullProgress
 from edge.options import LoadOptions
 from edge.speculative import open_speculative
 
@@ -67,37 +63,24 @@ def load(
         draft_device=draft_device,
         draft_k=draft_k,
     )
-    name = model or DEFAULT_MODEL
-    path = resolve_model(name, on_progress=on_progress)
-    artifact = open_artifact(path) if is_artifact(path) else None  # `edge convert -o DIR` output
-    if artifact is not None:
-        gguf = artifact.metadata  # tokenizer, template and hyper-parameters; the weights are its partitions
-    else:
-        gguf = open_gguf(path)  # validates the whole file layout before any native code sees it
-        # NOTE: llama.cpp aborts the whole process (GGML_ASSERT) on some lying metadata, e.g. a vocabulary
-        # with the same text twice or a block_count beyond the tensors: both are checked before it reads them.
-        check_block_count(gguf.metadata, gguf.tensors)
+    checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
     request = DeviceRequest(
         opts.backend, opts.device, "cpu" if fallback is True else (fallback or None), emulate
     )
     popts = PlannedOptions(
         n_ctx=n_ctx, threads=n_threads, precision=precision, available_memory=available_memory
     )
-    opening = resolve_request(path, request, popts)  # where it runs, and whether it fits there
-    tokenizer = load_tokenizer(gguf.metadata)  # before any backend reads the file (the NOTE above)
+    opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
     decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
     try:
-        display = name if name in CATALOG else path.name
-        loaded = Model(
-            display, path, gguf, tokenizer, decoder, placement, device_plan=opening.plan, options=opts
-        )
+        loaded = Model(checked, decoder, placement, device_plan=opening.plan, options=opts)
         loaded.speculative = open_speculative(
             draft,
             decoder,
-            tokenizer,
-            display,
+            checked.tokenizer,
+            checked.name,
             target_backend=placement.backend,
-            target_path=path,
+            target_path=checked.path,
             draft_device=draft_device,
             draft_k=draft_k,
             n_ctx=n_ctx,

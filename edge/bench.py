@@ -37,9 +37,8 @@ from edge.devices.discovery import discover
 from edge.devices.registry import DecoderOptions, open_decoder, require_backend
 from edge.errors import EdgeError
 from edge.models.artifact import is_artifact
-from edge.models.gguf_file import open_gguf
-from edge.models.store import resolve_model
-from edge.models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.checked import CheckedModel, check_model
+from edge.models.tokenizer import Tokenizer
 from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
 
 __all__ = ["BenchConfig", "BenchReport", "Stat", "bench_prompt", "run_bench", "total_steps"]
@@ -275,16 +274,16 @@ class _PeakRss:
         self._thread.join()
 
 
-def _open(entry: str, path: Path, cfg: BenchConfig) -> Decoder:
+def _open(entry: str, model: CheckedModel, cfg: BenchConfig) -> Decoder:
     if entry in cfg.plans:
         from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
 
         emulate = entry == "npu-emulated"
         request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)
         popts = PlannedOptions(n_ctx=cfg.n_ctx, threads=cfg.threads, precision=cfg.precision)
-        return open_requested(path, request, popts)[0]
+        return open_requested(model, request, popts)[0]
     dopts = DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads, precision=cfg.precision)
-    return open_decoder(entry, path, cfg.device, dopts)
+    return open_decoder(entry, model, cfg.device, dopts)
 
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -311,13 +310,13 @@ def _partition_times(dec: Decoder) -> list[float]:
     return [] if parts is None else list(parts.partition_times())
 
 
-def _measure(entry: str, path: Path, prompt: list[int], cfg: BenchConfig) -> Sample:
+def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfig) -> Sample:
     if entry in PEERS:
         with _PeakRss() as rss:
-            return measure_peer(entry, path, prompt, cfg, rss)
+            return measure_peer(entry, model, prompt, cfg, rss)
     with _PeakRss() as rss:
         t0 = time.perf_counter()
-        dec = _open(entry, path, cfg)
+        dec = _open(entry, model, cfg)
         load_s = time.perf_counter() - t0
         try:
             rss.sample()
@@ -397,10 +396,11 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     for b in cfg.backends:  # fail before measuring anything
         if b not in PEERS and b != AUTO:
             require_backend(b)
-    path = resolve_model(model)
+    checked = check_model(model)  # before llama.cpp or OpenVINO GenAI reads the file
+    if cfg.draft not in (None, "", "none", "auto", "ngram"):
+        check_model(cfg.draft)  # a draft model file that fails its checks fails before any measuring
+    path, gguf, tokenizer = checked.path, checked.gguf, checked.tokenizer
     cfg, auto_note = _resolve_auto(cfg, path)
-    gguf = open_gguf(path)
-    tokenizer = load_tokenizer(gguf.metadata)
     prompt = bench_prompt(tokenizer, cfg.prompt_tokens)
     machine = machine_info(cfg.threads)
     load_start = round(psutil.getloadavg()[0], 2)
@@ -413,14 +413,12 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     for r in range(cfg.repeat):
         for b in entries:
             step(f"round {r + 1}/{cfg.repeat} {b}", 1 + r * len(entries) + entries.index(b))
-            samples[b].append(_measure(b, path, prompt, cfg))
+            samples[b].append(_measure(b, checked, prompt, cfg))
     draft = None
     if cfg.draft:
         step(f"draft {cfg.draft}: {cfg.repeat} rounds", 1 + cfg.repeat * len(entries))
         draft = measure_draft(
-            path,
-            model,
-            tokenizer,
+            checked,
             prompt,
             draft=cfg.draft,
             backend=cfg.against,

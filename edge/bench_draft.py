@@ -9,12 +9,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from edge.devices.registry import DecoderOptions, open_decoder
 from edge.generate import Generation, GenerationConfig
-from edge.models.tokenizer import Tokenizer
+from edge.models.checked import CheckedModel
 from edge.speculative import open_speculative
 
 __all__ = ["DraftBenchResult", "measure_draft"]
@@ -68,9 +67,7 @@ class DraftBenchResult:
 
 
 def measure_draft(
-    path: Path,
-    name: str,
-    tokenizer: Tokenizer,
+    model: CheckedModel,
     prompt: list[int],
     *,
     draft: str,
@@ -88,15 +85,15 @@ def measure_draft(
     Greedy generations are drafted whatever the draft spec (what `--draft ngram|MODEL` does; `--draft auto`
     at --precision fast leaves them alone in run/chat/serve), and `same_tokens` says whether they agreed."""
     dopts = DecoderOptions(n_ctx=n_ctx, n_threads=threads, precision=precision)
-    target = open_decoder(backend, path, device, dopts)
+    target = open_decoder(backend, model, device, dopts)
     try:
         spec = open_speculative(
             draft,
             target,
-            tokenizer,
-            name,
+            model.tokenizer,
+            model.name,
             target_backend=backend,
-            target_path=path,
+            target_path=model.path,
             draft_device=draft_device,
             draft_k=draft_k,
             n_ctx=n_ctx,
@@ -117,7 +114,7 @@ def measure_draft(
                 runs: dict[bool, Generation] = {}
                 for speculative in (False, True) if r % 2 == 0 else (True, False):
                     decoding = spec if speculative else None
-                    gen = Generation(target, tokenizer, prompt, gen_cfg, decoding=decoding)
+                    gen = Generation(target, model.tokenizer, prompt, gen_cfg, decoding=decoding)
                     gen.run()
                     runs[speculative] = gen
                 plain_rates.append(runs[False].stats.decode_tok_s)

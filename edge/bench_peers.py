@@ -9,12 +9,12 @@ time to first token and the time per output token. It runs on --device with its 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge.errors import BackendUnavailableError, EdgeError
+from edge.models.checked import CheckedModel
 
 if TYPE_CHECKING:
     from edge.bench import BenchConfig, Sample
@@ -35,9 +35,10 @@ def _genai() -> Any:
     return openvino_genai
 
 
-def measure_peer(name: str, path: Path, prompt: list[int], cfg: BenchConfig, rss: Any) -> Sample:
-    """One round of peer `name` on the model file at `path`: load, the prompt, `gen_tokens` greedy tokens
-    (EOS ignored), then another prompt of the same length (warm: shapes seen, nothing of it cached)."""
+def measure_peer(name: str, model: CheckedModel, prompt: list[int], cfg: BenchConfig, rss: Any) -> Sample:
+    """One round of peer `name` on `model` (checked: its own GGUF reader is native code): load, the prompt,
+    `gen_tokens` greedy tokens (EOS ignored), then another prompt of the same length (warm: shapes seen,
+    nothing of it cached)."""
     from edge.bench import Sample
 
     if name != GENAI:
@@ -46,6 +47,7 @@ def measure_peer(name: str, path: Path, prompt: list[int], cfg: BenchConfig, rss
     import openvino as ov
 
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": cfg.threads} if cfg.threads else {}
+    path = model.source().path  # an `edge convert` artifact: the GGUF it came from
     t0 = time.perf_counter()
     try:
         pipe = og.LLMPipeline(str(path), cfg.device.upper(), **config)

@@ -90,8 +90,8 @@ def explain_lines(manifest: dict[str, Any]) -> list[str]:
 def cmd_convert(args: argparse.Namespace) -> int:
     from edge.graph_opt import QuantSpec
     from edge.models.catalog import CATALOG
+    from edge.models.checked import check_model
     from edge.models.convert import ConvertOptions, convert
-    from edge.models.store import resolve_model
 
     quant = QuantSpec(
         args.quant, args.group, args.sym, sensitive_layers=args.sensitive_layers, kl_budget=args.kl_budget
@@ -112,7 +112,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         from edge.devices.coreml import check_available
 
         check_available()  # before the conversion, not after it
-    path = resolve_model(args.model)
+    checked = check_model(args.model)
+    path = checked.path
     out = args.output or Path(f"{path.stem}-{args.target}-{args.quant}")
     quiet = args.json
 
@@ -120,7 +121,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
         if not quiet and not args.explain:
             print(msg, file=sys.stderr)
 
-    result = convert(path, out, opts, source_name=args.model if args.model in CATALOG else None, log=log)
+    result = convert(checked, out, opts, source_name=args.model if args.model in CATALOG else None, log=log)
     m = result.manifest
     if args.target == "coreml":
         from edge.devices.coreml import export_artifact

@@ -324,26 +324,22 @@ def open_drafter(
     from edge.devices.memory import check_fits
     from edge.devices.placement import place
     from edge.devices.registry import DecoderOptions, estimate_memory, open_decoder
-    from edge.models.catalog import CATALOG
-    from edge.models.gguf_file import open_gguf
-    from edge.models.store import resolve_model
-    from edge.models.tokenizer import load_tokenizer
+    from edge.models.checked import check_model
 
-    path = resolve_model(spec)
-    gguf = open_gguf(path)
-    name = spec if spec in CATALOG else path.name
-    check_vocab_compatible(target_tokenizer, load_tokenizer(gguf.metadata), target_name, name)
+    model = check_model(spec)  # before any backend reads the draft's file
+    name = model.name
+    check_vocab_compatible(target_tokenizer, model.tokenizer, target_name, name)
     backend, _, dev = device.rpartition(":")
     if backend in ("", AUTO) and dev == "cpu":
-        backend = choose_backend(path, precision=precision, threads=n_threads).backend
+        backend = choose_backend(model.path, precision=precision, threads=n_threads).backend
     elif backend == AUTO:
         backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
-    need = estimate_memory(placement.backend, path, n_ctx)
+    need = estimate_memory(placement.backend, model, n_ctx)
     if need is not None:  # sized against what the loaded target left free
         check_fits(need, name, placement.backend, n_ctx)
     opts = DecoderOptions(n_ctx, n_threads, precision, spin=False)  # it takes turns with the target
-    decoder = open_decoder(placement.backend, path, placement.device, opts)
+    decoder = open_decoder(placement.backend, model, placement.device, opts)
     return ModelDrafter(decoder, name, n_vocab, lazy=lazy)
 
 

@@ -18,10 +18,9 @@ from edge.devices.base import Decoder
 from edge.devices.registry import DecoderOptions, check_precision, open_decoder, require_backend
 from edge.errors import EdgeError
 from edge.metrics import EvalMetrics, RowStats, compare_rows, summarize
-from edge.models.artifact import is_artifact, open_artifact
-from edge.models.gguf_file import open_gguf
-from edge.models.store import resolve_model
-from edge.models.tokenizer import Tokenizer, load_tokenizer
+from edge.models.artifact import is_artifact
+from edge.models.checked import check_model
+from edge.models.tokenizer import Tokenizer
 
 __all__ = ["EvalConfig", "EvalResult", "evaluate"]
 
@@ -99,36 +98,36 @@ def evaluate(
     model: str, cfg: EvalConfig, on_progress: Callable[[int, int], None] | None = None
 ) -> EvalResult:
     """Teacher-force both decoders over the text; `on_progress(done, total)` after each chunk."""
-    path = resolve_model(model)
-    artifact = open_artifact(path) if is_artifact(path) else None
+    checked = check_model(model)
+    artifact = checked.artifact
     backend = cfg.backend or (artifact.target if artifact is not None else "llamacpp")
     # the reference: a backend on the same model, or an artifact directory of the same model in another form
     # (e.g. unquantized, or converted from another quantization of it: same tokenizer, same vocabulary)
-    gguf = artifact.metadata if artifact is not None else open_gguf(path)
-    ref_path, ref_backend = path, cfg.reference
+    gguf = checked.gguf
+    ref, ref_backend = checked, cfg.reference
     if is_artifact(cfg.reference):
-        ref_art = open_artifact(cfg.reference)
-        ref_path, ref_backend = ref_art.path, ref_art.target
+        ref = check_model(cfg.reference)
+        ref_backend = ref.artifact.target if ref.artifact is not None else ref_backend
         key = "tokenizer.ggml.tokens"
-        if ref_art.metadata.metadata.get(key) != gguf.metadata.get(key):
+        if ref.gguf.metadata.get(key) != gguf.metadata.get(key):
             raise EdgeError(
                 f"{cfg.reference} has another tokenizer than {model}: not the same model",
                 hint="convert the reference from the same model (any quantization of it)",
             )
     require_backend(ref_backend)
     require_backend(backend)
-    ids = text_ids(load_tokenizer(gguf.metadata), read_text(cfg.text), cfg.tokens)
+    ids = text_ids(checked.tokenizer, read_text(cfg.text), cfg.tokens)
     window = min(len(ids), cfg.max_ctx, _context_length(gguf.metadata) or cfg.max_ctx)
     opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads, precision=cfg.reference_precision)
-    ref = open_decoder(ref_backend, ref_path, cfg.device, opts)
+    ref_dec = open_decoder(ref_backend, ref, cfg.device, opts)
     try:
-        test = open_decoder(backend, path, cfg.device, replace(opts, precision=cfg.precision))
+        test = open_decoder(backend, checked, cfg.device, replace(opts, precision=cfg.precision))
         try:
-            rows = _teacher_force(ref, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk)
+            rows = _teacher_force(ref_dec, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk)
         finally:
             test.close()
     finally:
-        ref.close()
+        ref_dec.close()
     text = str(cfg.text) if cfg.text is not None else "edge/data/eval.txt"
     piece = min(cfg.test_chunk or cfg.chunk, cfg.chunk)
     return EvalResult(model, backend, cfg.reference, text, summarize(rows), piece)

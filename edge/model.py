@@ -21,7 +21,6 @@ import logging
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from edge.devices.base import Decoder, warm_kernels
@@ -32,8 +31,7 @@ from edge.drafters import auto_drafts_on
 from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.chat_template import ChatTemplate, template_from_metadata
-from edge.models.gguf_file import GGUFFile
-from edge.models.tokenizer import Tokenizer
+from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
 from edge.session import KVSession, KVState, common_prefix
 from edge.speculative import SpeculativeDecoding, drafts_greedy
@@ -131,25 +129,22 @@ class Model:
 
     def __init__(
         self,
-        name: str,
-        path: Path,
-        gguf: GGUFFile,
-        tokenizer: Tokenizer,
+        checked: CheckedModel,
         decoder: Decoder,
         placement: Placement,
         *,
         device_plan: Plan | None = None,
         options: LoadOptions | None = None,
     ) -> None:
-        self.name = name
-        self.path = path
-        self.gguf = gguf
-        self.tokenizer = tokenizer
-        tok = tokenizer
+        self.checked = checked  # what a device switch opens again, unchecked never
+        self.name = checked.name
+        self.path = checked.path
+        self.gguf = checked.gguf
+        self.tokenizer = tok = checked.tokenizer
         bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
         eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
         self.template: ChatTemplate | None = template_from_metadata(
-            gguf.metadata, bos_token=bos, eos_token=eos
+            checked.gguf.metadata, bos_token=bos, eos_token=eos
         )
         self.decoder = decoder
         self.placement = placement
@@ -463,7 +458,7 @@ class Model:
             try:
                 decoder = open_decoder(
                     backend,
-                    self.path,
+                    self.checked,
                     device,
                     DecoderOptions(
                         n_ctx=self.options.n_ctx,

@@ -32,7 +32,8 @@ from edge.kvcache import LayerSpec, RingKVCache
 from edge.models.arch import ArchConfig
 from edge.models.artifact import FORMAT, MANIFEST, embed_scale, file_sha256, is_artifact
 from edge.models.calibration import CALIBRATION_TEXT
-from edge.models.gguf_file import GGUFFile, open_gguf
+from edge.models.checked import CheckedModel, as_checked
+from edge.models.gguf_file import GGUFFile
 from edge.models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
 
 __all__ = ["ConvertOptions", "ConvertResult", "calibration_feeds", "convert", "static_dims"]
@@ -255,20 +256,25 @@ def _aggregate(records: Sequence[Sequence[PassRecord]]) -> list[dict[str, Any]]:
 
 
 def convert(
-    model: Path,
+    model: CheckedModel | Path,
     out: Path,
     options: ConvertOptions | None = None,
     *,
     source_name: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ConvertResult:
-    """Convert the GGUF at `model` into the artifact directory `out` (replacing an artifact already there)."""
+    """Convert the GGUF `model` (checked: models/checked.py; a path is checked here) into the artifact directory
+    `out` (replacing an artifact already there)."""
+    checked = as_checked(model)
+    if checked.artifact is not None:
+        raise EdgeError(f"{checked.path} is an edge artifact already", hint="convert the GGUF it came from")
+    model = checked.path
     opts = options or ConvertOptions()
     say = log or (lambda _msg: None)
     out = Path(out)
     if out.exists() and not is_artifact(out) and (not out.is_dir() or any(out.iterdir())):
         raise EdgeError(f"{out} exists and is not an edge artifact", hint="choose another -o DIR")
-    gguf = open_gguf(model)
+    gguf = checked.gguf
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
     if cfg.rope_factor_tensor(gguf.tensors, True) != cfg.rope_factor_tensor(gguf.tensors, False):
         # LongRoPE's table depends on the context the artifact will run with, which it does not record

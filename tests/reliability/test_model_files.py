@@ -388,12 +388,28 @@ def test_kv_cache_counts_toward_the_need(tiny_model: Path) -> None:
         load(str(tiny_model), backend="llamacpp", n_ctx=1 << 20, available_memory=big.total - 1)
 
 
+def _pack_value(key: str, value: Any) -> bytes:
+    """One metadata pair of a string, an integer (u32) or an array of strings or int32s."""
+    if isinstance(value, str):
+        return pack_kv(key, V.STRING, pack_string(value))
+    if isinstance(value, int):
+        return pack_kv(key, V.UINT32, struct.pack("<I", value))
+    items = list(value)
+    if all(isinstance(v, str) for v in items):
+        body = b"".join(pack_string(v) for v in items)
+        return pack_kv(key, V.ARRAY, struct.pack("<IQ", V.STRING, len(items)) + body)
+    body = np.asarray(items, dtype="<i4").tobytes()
+    return pack_kv(key, V.ARRAY, struct.pack("<IQ", V.INT32, len(items)) + body)
+
+
 @pytest.fixture
 def sparse_2tib_model(tmp_path: Path) -> Path:
     """A valid GGUF whose one tensor holds 2 TiB of (sparse, unwritten) data."""
     n = 2**39  # F32 elements
+    # a real tokenizer: the file passes every check of the way in (models/checked.py) but the memory one
+    tokenizer = [_pack_value(k, v) for k, v in tiny_bpe_meta().items()]
     head = craft_gguf(
-        [pack_kv("general.architecture", 8, pack_string("llama"))],
+        [pack_kv("general.architecture", 8, pack_string("llama")), *tokenizer],
         [pack_tensor_info("token_embd.weight", (n,), 0, 0)],
     )
     path = tmp_path / "huge.gguf"
