@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge import __version__
-from edge.errors import EdgeError
+from edge.errors import EdgeError, ModelNotFoundError
 
 # --draft of run, chat and serve (edge.drafters.open_drafters)
 DRAFT_HELP = (
@@ -25,7 +25,16 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def _stdin_text() -> str:
+def _is_tty(stream: Any) -> bool:
+    """A closed descriptor (`<&-`) leaves Python's stream None: no terminal then."""
+    return stream is not None and stream.isatty()
+
+
+def _stdin_text(what: str = "prompt") -> str:
+    if sys.stdin is None:  # `edge run <&-`
+        raise EdgeError(
+            f"standard input is closed: no {what} to read", hint='pass it as an argument: edge run "..."'
+        )
     data = sys.stdin.buffer.read()
     try:
         return data.decode("utf-8")
@@ -38,10 +47,35 @@ def _stdin_text() -> str:
 
 
 def _is_model_arg(value: str) -> bool:
-    from edge.models.catalog import CATALOG
+    """A lone argument names a model when it is one; one that only looks like a model name (a near miss of a
+    catalog name, a .gguf path that is not there) is an error, not a prompt sent to the default model."""
+    from edge.models.catalog import CATALOG, DEFAULT_MODEL
 
     artifact = os.path.isfile(os.path.join(value, "manifest.json"))  # edge convert -o DIR
-    return value in CATALOG or value.endswith(".gguf") or os.path.isfile(value) or artifact
+    if value in CATALOG or os.path.isfile(value) or artifact:
+        return True
+    if value.endswith(".gguf"):
+        return True  # the loader says the file is missing
+    near = _near_model_names(value)
+    if near:
+        raise ModelNotFoundError(
+            f"no model named {value!r}; did you mean {' or '.join(near)}?",
+            hint=f'to send it as a prompt, name the model first: edge run {DEFAULT_MODEL} "{value}"',
+        )
+    return False
+
+
+def _near_model_names(value: str) -> list[str]:
+    """Catalog names `value` (one word) is a near miss or a prefix of: `qwen2.5-coder-1.5`, `smollm2`."""
+    import difflib
+
+    from edge.models.catalog import CATALOG
+
+    if not value or any(c.isspace() for c in value):
+        return []
+    word = value.lower()
+    prefixed = [n for n in CATALOG if len(word) >= 4 and n.startswith(word)]
+    return prefixed or difflib.get_close_matches(word, list(CATALOG), n=2, cutoff=0.75)
 
 
 # -- edge run --------------------------------------------------------------------------------------
@@ -78,9 +112,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             prompt = positional[0]
     if prompt is None:
-        if sys.stdin.isatty():
+        if _is_tty(sys.stdin):
             return _open_chat(model, args)  # no prompt on a terminal: the chat app
         prompt = _stdin_text()
+    if not prompt.strip():
+        raise EdgeError(
+            "the prompt is empty", hint='pass one: edge run [MODEL] "Why is the sky blue?" (or on stdin)'
+        )
 
     config = GenerateOptions(
         max_tokens=args.max_tokens,
@@ -197,7 +235,7 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
     entry point `chat`, so edge never imports it."""
     from importlib.metadata import entry_points
 
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not (_is_tty(sys.stdin) and _is_tty(sys.stdout)):
         raise EdgeError(
             "the chat app needs a terminal", hint='pass a prompt: edge run "Why is the sky blue?"'
         )
@@ -223,13 +261,12 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
 
 # -- edge tokenize ---------------------------------------------------------------------------------
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from edge.models.gguf_file import open_gguf
-    from edge.models.store import resolve_model
-    from edge.models.tokenizer import load_tokenizer
+    from edge.models.checked import check_model
 
-    path = resolve_model(args.model)
-    tok = load_tokenizer(open_gguf(path).metadata)
+    tok = check_model(args.model).tokenizer
     if args.jsonl:
+        if sys.stdin is None:
+            raise EdgeError("standard input is closed: no text to tokenize", hint="one JSON string per line")
         for lineno, line in enumerate(sys.stdin.buffer, 1):
             if not line.strip():
                 continue
@@ -244,7 +281,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps({"token_ids": tok.encode(text)}) + "\n")
         sys.stdout.flush()
         return 0
-    text = args.text if args.text is not None else _stdin_text()
+    text = args.text if args.text is not None else _stdin_text("text to tokenize")
     ids = tok.encode(text)
     if args.json:
         print(json.dumps({"model": args.model, "token_ids": ids}))

@@ -73,8 +73,12 @@ def resolve_model(model: str, *, pull_missing: bool = True, on_progress: PullPro
         return path
     if path.exists():
         raise ModelNotFoundError(f"{model!r} is not a regular file", hint="pass a .gguf file")
+    import difflib
+
     names = ", ".join(CATALOG)
+    near = difflib.get_close_matches(model.lower(), list(CATALOG), n=2, cutoff=0.75)
+    meant = f"; did you mean {' or '.join(near)}?" if near else ""
     raise ModelNotFoundError(
-        f"no model named {model!r} and no such file",
+        f"no model named {model!r} and no such file{meant}",
         hint=f"use a catalog name ({names}) or a path to a .gguf",
     )
