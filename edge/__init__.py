@@ -25,10 +25,12 @@ if TYPE_CHECKING:
         DeviceLostError,
         EdgeError,
         GenerationCancelled,
+        GrammarError,
         InsufficientMemoryError,
         ModelFormatError,
         ModelNotFoundError,
     )
+    from edge.grammar import Grammar
     from edge.model import Model, Result, Stream
     from edge.options import GenerateOptions
     from edge.server import serve
@@ -51,6 +53,8 @@ _LAZY = {
     "BackendUnavailableError": "edge.errors",
     "ContextOverflowError": "edge.errors",
     "GenerationCancelled": "edge.errors",
+    "GrammarError": "edge.errors",
+    "Grammar": "edge.grammar",
     "InsufficientMemoryError": "edge.errors",
 }
 
@@ -62,6 +66,8 @@ __all__ = [
     "EdgeError",
     "GenerateOptions",
     "GenerationCancelled",
+    "Grammar",
+    "GrammarError",
     "InsufficientMemoryError",
     "KVState",
     "Model",

@@ -129,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         repeat_penalty=args.repeat_penalty,
         seed=args.seed,
         stop=tuple(args.stop or ()),
+        response_format=_response_format(args),
     ).config()
     with load(
         model,
@@ -196,6 +197,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _response_format(args: argparse.Namespace) -> Any:
+    """--json-schema FILE / --json-object as an edge.Grammar (checked here, before the model loads)."""
+    from edge.grammar import Grammar
+
+    if args.json_object:
+        return Grammar.json_object()
+    if args.json_schema is None:
+        return None
+    try:
+        with open(args.json_schema, encoding="utf-8") as f:
+            return Grammar.json_schema(json.load(f))
+    except OSError as exc:
+        raise EdgeError(f"cannot read --json-schema {args.json_schema}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise EdgeError(f"--json-schema {args.json_schema} is not JSON: {exc}") from None
 
 
 def _explain(m: Any) -> str:
@@ -471,6 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat-penalty", type=float, default=1.0)
     run.add_argument("--seed", type=int, default=None)
     run.add_argument("--stop", action="append", help="stop string (repeatable)")
+    shape = run.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema", metavar="FILE", default=None, help="answer with JSON matching this JSON Schema"
+    )
+    shape.add_argument("--json-object", action="store_true", help="answer with a JSON object")
     run.add_argument("--ctx-size", type=int, default=4096)
     run.add_argument("--threads", type=int, default=None)
     run.add_argument("--raw", action="store_true", help="send the prompt without the chat template")

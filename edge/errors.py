@@ -43,6 +43,10 @@ class TemplateError(EdgeError):
     """A chat template is unsafe, too expensive, or fails to render."""
 
 
+class GrammarError(EdgeError):
+    """A schema or grammar for constrained output is invalid, cannot be enforced, or admits no token."""
+
+
 class DeviceError(EdgeError):
     """A requested device or backend is not available."""
 

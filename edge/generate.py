@@ -14,6 +14,7 @@ from edge.errors import ContextOverflowError, GenerationCancelled
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
+    from edge.grammar import Constraint, Grammar
     from edge.models.tokenizer import Tokenizer
     from edge.session import KVSession
     from edge.speculative import DraftStats
@@ -28,6 +29,8 @@ class GenerationConfig:
     # With a `cancel` callable the prompt is fed in chunks of this many tokens and `cancel` polled between
     # them, so a long prefill stops within one chunk (a multiple of the backends' own batch sizes).
     prefill_chunk: int = 512
+    # constrained output (edge/grammar.py): every token is sampled from what the grammar admits next
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -54,7 +57,9 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     decode_steps: int = 0  # tokens chosen by the steps timed in decode_s (one per step without a draft)
-    stop_reason: str = ""  # "eos" | "stop" | "length" | "context" | "cancelled"
+    stop_reason: str = (
+        ""  # "eos" | "stop" | "grammar" (its value complete) | "length" | "context" | "cancelled"
+    )
     draft: DraftStats | None = None  # speculative decoding's statistics, when a draft was used
     # Older turns that left the window (cut before the prefill or evicted by the ring) and the system prompt
     # tokens kept in their place; 0 while the conversation fits.
@@ -108,8 +113,15 @@ class Decoding(Protocol):
     """How the loop gets its next tokens: one per target forward (`PlainDecoding`) or several
     (`edge.speculative.SpeculativeDecoding`). The loop owns prefill, stop rules, EOS and streaming."""
 
-    def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
-        """Start after the decoder was reset and fed the prompt; `logits` is its last position's row."""
+    def begin(
+        self,
+        prompt_ids: Sequence[int],
+        logits: np.ndarray,
+        sampling: SamplingConfig,
+        constraint: Constraint | None = None,
+    ) -> None:
+        """Start after the decoder was reset and fed the prompt; `logits` is its last position's row. With a
+        `constraint`, every token is drawn from what it admits and advances it."""
         ...
 
     def step(self, history: Sequence[int], budget: int) -> list[int]:
@@ -126,15 +138,26 @@ class PlainDecoding:
         self.decoder = decoder
         self._sampler = Sampler(SamplingConfig())
         self._logits: np.ndarray | None = None
+        self._constraint: Constraint | None = None
 
-    def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
+    def begin(
+        self,
+        prompt_ids: Sequence[int],
+        logits: np.ndarray,
+        sampling: SamplingConfig,
+        constraint: Constraint | None = None,
+    ) -> None:
         self._sampler = Sampler(sampling)
         self._logits = logits
+        self._constraint = constraint
 
     def step(self, history: Sequence[int], budget: int) -> list[int]:
         if self._logits is None:  # feed the token the previous step chose
             self._logits = self.decoder.forward([history[-1]], last_only=True)[-1]
-        token = self._sampler(self._logits, history)
+        grammar = self._constraint
+        token = self._sampler(self._logits, history, None if grammar is None else grammar.allowed())
+        if grammar is not None:
+            grammar.advance(token)
         self._logits = None
         return [token]
 
@@ -200,7 +223,14 @@ class Generation:
             self.prompt_ids = self.session.window(self.prompt_ids, keep=self.keep, reserve=cfg.max_tokens)
             self.stats.n_prompt_tokens = len(self.prompt_ids)
         self._check_fits()
+        constraint = None
         decoding = self.decoding or PlainDecoding(dec)
+        if cfg.grammar is not None:
+            from edge.grammar import compile_grammar
+
+            constraint = compile_grammar(cfg.grammar, tok, dec.vocab_size)  # before the prefill's cost
+            # NOTE: drafts are not masked yet, so a constrained generation decodes one token per forward
+            decoding = PlainDecoding(dec)
         stopper = _StopMatcher(cfg.stop)
         stream = tok.stream()
         eog = frozenset() if cfg.ignore_eos else tok.eog_ids
@@ -216,7 +246,7 @@ class Generation:
         t1 = time.perf_counter()
         stats.prefill_s = t1 - t0
         if logits is not None:
-            decoding.begin(self.prompt_ids, logits, cfg.sampling)
+            decoding.begin(self.prompt_ids, logits, cfg.sampling, constraint)
         t_decode = 0.0
         while logits is not None:
             if len(self.token_ids) >= cfg.max_tokens:
@@ -245,6 +275,9 @@ class Generation:
                     yield piece
                 if stopper.hit:
                     reason = "stop"
+                    break
+                if constraint is not None and constraint.done:
+                    reason = "grammar"
                     break
                 if len(self.token_ids) >= cfg.max_tokens:
                     reason = "length"

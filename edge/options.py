@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from edge.generate import GenerationConfig
+from edge.grammar import Grammar, grammar_of
 from edge.sampling import SamplingConfig
 
 __all__ = ["Cancel", "GenerateOptions", "LoadOptions", "cancel_poller"]
@@ -48,6 +49,9 @@ class GenerateOptions:
     repeat_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # constrained output: an edge.Grammar, or OpenAI's shape ({"type": "json_object"}, {"type": "json_schema",
+    # "json_schema": {"name": ..., "schema": {...}}}); the answer is guaranteed to match it
+    response_format: Grammar | Mapping[str, Any] | None = None
 
     def config(self) -> GenerationConfig:
         sampling = SamplingConfig(
@@ -58,7 +62,10 @@ class GenerateOptions:
             repeat_penalty=self.repeat_penalty,
             seed=self.seed,
         )
-        return GenerationConfig(max_tokens=self.max_tokens, stop=tuple(self.stop), sampling=sampling)
+        grammar = None if self.response_format is None else grammar_of(self.response_format)
+        return GenerationConfig(
+            max_tokens=self.max_tokens, stop=tuple(self.stop), sampling=sampling, grammar=grammar
+        )
 
 
 class _Event(Protocol):

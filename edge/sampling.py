@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from edge.errors import GrammarError
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -33,6 +35,14 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def mask_logits(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """`logits` with every id outside `allowed` at -inf (a copy). Nothing allowed is an error: a draw from
+    nothing would be an arbitrary token."""
+    if not allowed.any():
+        raise GrammarError("the grammar admits no next token", hint="check the schema or grammar")
+    return np.where(allowed[: logits.shape[0]], logits, -np.inf)
 
 
 def apply_repeat_penalty(
@@ -80,8 +90,14 @@ class Sampler:
         self.cfg = cfg
         self._rng = np.random.default_rng(cfg.seed)
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+    def __call__(
+        self, logits: np.ndarray, history: Sequence[int] = (), allowed: np.ndarray | None = None
+    ) -> int:
+        """`allowed` (bool per id, a grammar's mask): every other id is removed before the chain runs, so the
+        draw is from the model's distribution restricted to what the grammar admits."""
         cfg = self.cfg
+        if allowed is not None:
+            logits = mask_logits(logits, allowed)
         logits = apply_repeat_penalty(logits, history, cfg.repeat_penalty, cfg.repeat_last_n)
         if cfg.greedy:
             return int(np.argmax(logits))

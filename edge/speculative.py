@@ -27,10 +27,12 @@ import numpy as np
 
 from edge.devices.base import Decoder, rollback_limit
 from edge.drafters import Draft, Drafter
+from edge.errors import GrammarError
 from edge.kvcache.staging import piece_sizes
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
 
 if TYPE_CHECKING:
+    from edge.grammar import Constraint
     from edge.models.tokenizer import Tokenizer
 
 __all__ = [
@@ -419,8 +421,16 @@ class SpeculativeDecoding:
         return self.greedy or not sampling.greedy
 
     # -- the Decoding protocol ---------------------------------------------------------------------
-    def begin(self, prompt_ids: Sequence[int], logits: np.ndarray, sampling: SamplingConfig) -> None:
+    def begin(
+        self,
+        prompt_ids: Sequence[int],
+        logits: np.ndarray,
+        sampling: SamplingConfig,
+        constraint: Constraint | None = None,
+    ) -> None:
         """Start a generation: the target holds the prompt, `logits` is its last position's row."""
+        if constraint is not None:  # the loop decodes a constrained generation plainly (edge/generate.py)
+            raise GrammarError("speculative decoding does not mask its drafts by a grammar")
         self._sampling = sampling
         self._rng = np.random.default_rng(sampling.seed)
         self._row = logits

@@ -450,8 +450,11 @@ class Tokenizer:
 
     # ---- encoding ------------------------------------------------------------------------------------
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
-        """Token ids of `text`, as llama_tokenize(text, add_special, parse_special)."""
+    def encode(
+        self, text: str, *, add_special: bool = False, parse_special: bool = True, continues: bool = False
+    ) -> list[int]:
+        """Token ids of `text`, as llama_tokenize(text, add_special, parse_special). `continues`: the text
+        goes on from earlier text (a grammar's forced piece), so no SentencePiece space prefix is added."""
         if not isinstance(text, str):
             raise TokenizerError(f"encode() takes a str, not {type(text).__name__}")
         try:
@@ -463,7 +466,7 @@ class Tokenizer:
             out.append(self._bos)
         fragments = self._partition(text, parse_special) if text else []
         if self._spm:
-            prev_special = True  # llama.cpp: a space prefix goes before the first fragment too
+            prev_special = not continues  # llama.cpp: a space prefix goes before the first fragment too
             for frag in fragments:
                 if isinstance(frag, int):
                     out.append(frag)
@@ -599,6 +602,15 @@ class Tokenizer:
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self.eog_ids
+
+    def is_special(self, token_id: int) -> bool:
+        """A control token, or a user-defined one written like one (`<tool_call>`): markup, not text."""
+        self._check_id(token_id)
+        attr = int(self._attrs[token_id])
+        if attr & ATTR_CONTROL:
+            return True
+        text = self._tokens[token_id]
+        return bool(attr & ATTR_USER_DEFINED) and text.startswith("<") and text.endswith(">")
 
     def id_to_text(self, token_id: int) -> str:
         """The vocabulary entry itself (GPT-2 byte characters, U+2581 for spaces), for display."""

@@ -24,7 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.errors import ContextOverflowError, EdgeError, ModelNotFoundError, TemplateError
+from edge.errors import ContextOverflowError, EdgeError, GrammarError, ModelNotFoundError, TemplateError
+from edge.generate import GenerationConfig
+from edge.grammar import check_grammar
 from edge.model import Model, Result, Stream
 from edge.options import GenerateOptions
 from edge.server import protocol as p
@@ -64,6 +66,8 @@ def error_response(exc: BaseException) -> JSONResponse:
         headers["Retry-After"] = str(exc.retry_after)
     elif isinstance(exc, ModelBusyError):
         status, kind, code = 503, "server_error", "models_busy"
+    elif isinstance(exc, GrammarError):
+        status, kind, param = 400, "invalid_request_error", "response_format"
     elif isinstance(exc, ContextOverflowError):
         status, kind, param, code = 400, "invalid_request_error", "messages", "context_length_exceeded"
     elif isinstance(exc, TemplateError):
@@ -114,9 +118,8 @@ def _render(sched: Scheduler, messages: list[dict[str, str]]) -> tuple[list[int]
         return model.chat_ids(messages), model.system_span(messages)
 
 
-def _runner(ids: list[int], opts: dict[str, Any], keep: int | None) -> Runner:
+def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runner:
     """The job's body: generate from the prompt ids on the replica it is given (reusing its KV prefix)."""
-    config = GenerateOptions(**opts).config()  # invalid options are a 400 before the job is queued
 
     def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
         stream = Stream(model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep))
@@ -127,6 +130,16 @@ def _runner(ids: list[int], opts: dict[str, Any], keep: int | None) -> Runner:
         return stream.result
 
     return run
+
+
+def _config(sched: Scheduler, opts: dict[str, Any]) -> GenerationConfig:
+    """The request's GenerationConfig; invalid options and a grammar the engine cannot enforce are a 400
+    before the job is queued (compiling a grammar takes milliseconds once the model's vocabulary is indexed)."""
+    config = GenerateOptions(**opts).config()
+    if config.grammar is not None:
+        model = sched.replicas[0]
+        check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)
+    return config
 
 
 class Handlers:
@@ -167,7 +180,8 @@ class Handlers:
         self._check_prompt(len(ids), n_ctx, "messages")
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, param, len(ids), n_ctx)}
-        return Prepared(req.model, sched, ids, _runner(ids, opts, keep), req.stream, req.include_usage)
+        config = await run_in_threadpool(_config, sched, opts)
+        return Prepared(req.model, sched, ids, _runner(ids, config, keep), req.stream, req.include_usage)
 
     async def _prepare_completion(self, body: bytes) -> Prepared:
         req = p.CompletionRequest.model_validate_json(body)
@@ -179,7 +193,8 @@ class Handlers:
         n_ctx = first.decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "prompt")
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, "max_tokens", len(ids), n_ctx)}
-        return Prepared(req.model, sched, ids, _runner(ids, opts, None), req.stream, req.include_usage)
+        config = await run_in_threadpool(_config, sched, opts)
+        return Prepared(req.model, sched, ids, _runner(ids, config, None), req.stream, req.include_usage)
 
     # -- endpoints -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:

@@ -91,6 +91,8 @@ class _Sampling(_Request):
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0)
+    # constrained output (edge/grammar.py): json_object or json_schema, on chat and completions alike
+    response_format: dict[str, Any] | None = None
 
     def check_common(self) -> None:
         if self.n not in (None, 1):
@@ -123,6 +125,8 @@ class _Sampling(_Request):
                 opts[name] = value
         if self.stop is not None:
             opts["stop"] = self.stops()
+        if self.response_format is not None:
+            opts["response_format"] = self.response_format
         return opts
 
     @property
@@ -135,7 +139,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def check(self) -> None:
         self.check_common()
@@ -143,8 +146,6 @@ class ChatCompletionRequest(_Sampling):
             raise UnsupportedValue("tools", "tool calls are not supported")
         if self.tool_choice not in (None, "none"):
             raise UnsupportedValue("tool_choice", "tool calls are not supported")
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise UnsupportedValue("response_format", "only response_format type 'text' is supported")
         for i, m in enumerate(self.messages):
             if m.role == "tool":
                 raise UnsupportedValue(f"messages[{i}].role", "tool messages are not supported")

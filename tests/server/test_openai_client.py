@@ -122,7 +122,16 @@ def test_sampling_fields_and_stop(server: Server) -> None:
         ({"temperature": 5}, "temperature"),
         ({"max_tokens": 10**6}, "max_tokens"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "grammar"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "s", "schema": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "response_format",
+        ),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages[0].content[0]",
