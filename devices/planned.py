@@ -282,12 +282,12 @@ def resolve_request(
     gguf = model.gguf
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
     ctx = min(options.n_ctx, options.static_capacity) if request.emulate else options.n_ctx
-    model = model_profile(
+    profile = model_profile(
         {n: t.nbytes for n, t in gguf.tensors.items()}, cfg.n_layer, _kv_per_token(cfg), ctx
     )
     if mode == "hetero":  # partitions run on graph backends; a bare kind means OpenVINO, then ONNX Runtime
         targets = [t if t.backend else Target(t.kind, _graph_backend(t.kind, profiles)) for t in targets]
-    plan_ = plan(model, profiles, mode, targets, fallback=request.fallback)
+    plan_ = plan(profile, profiles, mode, targets, fallback=request.fallback)
     first = plan_.partitions[0].device
     # one partition or several, they hold the whole model and one KV between them: their backend sizes it
     _check_fits(first.backend, model, ctx, free)
