@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -39,6 +39,9 @@ from edge.errors import EdgeError
 from edge.models.artifact import is_artifact
 from edge.models.checked import CheckedModel, check_model
 from edge.models.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from edge.grammar import Grammar
 from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
 
 __all__ = ["BenchConfig", "BenchReport", "Stat", "bench_prompt", "run_bench", "total_steps"]
@@ -72,6 +75,8 @@ class BenchConfig:
     # each through the planner, with the time of each of its partitions
     plans: tuple[str, ...] = ()
     precision: str = "fast"  # the graph backends' (llama.cpp has one)
+    # --json-schema / --json-object: also decode under this grammar's mask (edge/grammar.py), same round
+    grammar: Grammar | None = None
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -121,6 +126,11 @@ class Sample:
     batch_cost: tuple[float, ...] = ()
     # per partition of a plan: (label, prefill ms, decode ms per token)
     partitions: tuple[tuple[str, float, float], ...] = ()
+    # --json-schema: greedy decode steps under the grammar's mask (mask + advance + the forward), and the
+    # same number of the plain decode's first steps, in tok/s (0.0: no grammar)
+    constrained_decode_tok_s: float = 0.0
+    plain_decode_same_steps_tok_s: float = 0.0
+    constrained_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,16 @@ class BackendResult:
                 str(k): round(statistics.median(s.batch_cost[i] for s in self.samples), 3)
                 for i, k in enumerate(BATCH_SIZES)
             }
+        if all(s.constrained_steps for s in self.samples):  # --json-schema: the mask's cost, same rounds
+            out["constrained_decode_tok_s"] = round(
+                statistics.median(s.constrained_decode_tok_s for s in self.samples), 2
+            )
+            out["ratio_constrained_decode"] = round(
+                statistics.median(
+                    s.constrained_decode_tok_s / s.plain_decode_same_steps_tok_s for s in self.samples
+                ),
+                4,
+            )
         out["ratio_ttft"] = round(self.ttft_ms.median / against.ttft_ms.median, 4)
         out["decode_roofline_fraction"] = round(self.decode_tok_s.median / bound_tok_s, 4)
         out["samples"] = {
@@ -328,13 +348,16 @@ def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfi
             ttft = time.perf_counter() - t0
             rss.sample()
             p1 = _partition_times(dec)
-            t0 = time.perf_counter()
+            steps = []
             for _ in range(cfg.gen_tokens):
+                ts = time.perf_counter()
                 token = int(np.argmax(dec.forward([token], last_only=True)[-1]))
-            t_decode = time.perf_counter() - t0
+                steps.append(time.perf_counter() - ts)
+            t_decode = sum(steps)
             rss.sample()
             p2 = _partition_times(dec)
             batch = _batch_costs(dec, token)
+            constrained = _constrained_decode(dec, model, prompt, cfg) if cfg.grammar else (0, 0.0)
             dec.reset()
             t0 = time.perf_counter()
             dec.forward(prompt, last_only=True)
@@ -359,7 +382,38 @@ def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfi
         prefill_warm_tok_s=len(prompt) / t_warm,
         batch_cost=batch,
         partitions=parts,
+        constrained_decode_tok_s=constrained[0] / constrained[1] if constrained[1] else 0.0,
+        plain_decode_same_steps_tok_s=constrained[0] / sum(steps[: constrained[0]])
+        if constrained[0]
+        else 0.0,
+        constrained_steps=constrained[0],
     )
+
+
+def _constrained_decode(
+    dec: Decoder, model: CheckedModel, prompt: list[int], cfg: BenchConfig
+) -> tuple[int, float]:
+    """Greedy decode steps under `cfg.grammar` after the prompt, shaped as the plain loop's: each one the
+    forward of the last token, the mask, the masked argmax and the grammar's advance (what a constrained
+    generation pays a token): (steps, seconds). Stops at gen_tokens or when the grammar's value is complete."""
+    from edge.grammar import compile_grammar
+    from edge.sampling import mask_logits
+
+    assert cfg.grammar is not None
+    dec.reset()
+    constraint = compile_grammar(cfg.grammar, model.tokenizer, dec.vocab_size)
+
+    def choose(row: np.ndarray) -> int:
+        token = int(np.argmax(mask_logits(row, constraint.allowed())))
+        constraint.advance(token)
+        return token
+
+    token = choose(dec.forward(prompt, last_only=True)[-1])
+    n, t0 = 0, time.perf_counter()
+    while n < cfg.gen_tokens and not constraint.done:
+        token = choose(dec.forward([token], last_only=True)[-1])
+        n += 1
+    return n, time.perf_counter() - t0
 
 
 def machine_info(threads: int | None) -> dict[str, Any]:

@@ -201,19 +201,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _response_format(args: argparse.Namespace) -> Any:
     """--json-schema FILE / --json-object as an edge.Grammar (checked here, before the model loads)."""
-    from edge.grammar import Grammar
+    from edge.grammar import Grammar, schema_file
 
     if args.json_object:
         return Grammar.json_object()
-    if args.json_schema is None:
-        return None
-    try:
-        with open(args.json_schema, encoding="utf-8") as f:
-            return Grammar.json_schema(json.load(f))
-    except OSError as exc:
-        raise EdgeError(f"cannot read --json-schema {args.json_schema}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise EdgeError(f"--json-schema {args.json_schema} is not JSON: {exc}") from None
+    return None if args.json_schema is None else schema_file(args.json_schema)
 
 
 def _explain(m: Any) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "check_grammar",
     "compile_grammar",
     "grammar_of",
+    "schema_file",
 ]
 
 KINDS = ("json_schema", "json_object", "regex", "lark")
@@ -85,6 +86,17 @@ class Grammar:
         if not isinstance(value, dict):
             raise GrammarError(f"a JSON Schema is an object, not {type(value).__name__}")
         return value
+
+
+def schema_file(path: str) -> Grammar:
+    """The JSON Schema in the file at `path` (edge run / edge bench --json-schema FILE)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return Grammar.json_schema(json.load(f))
+    except OSError as exc:
+        raise GrammarError(f"cannot read --json-schema {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise GrammarError(f"--json-schema {path} is not JSON: {exc}") from None
 
 
 def grammar_of(response_format: Grammar | Mapping[str, Any]) -> Grammar | None:

@@ -18,6 +18,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from edge.bench import BenchConfig, run_bench, total_steps
     from edge.bench_report import batch_lines, bench_table, partition_lines, write_plot
+    from edge.grammar import Grammar, schema_file
 
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     if "all" in backends:  # every backend --backend auto chooses between that runs here
@@ -39,6 +40,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft_k=args.draft_k,
         plans=tuple(args.plan or ()),
         precision=args.precision,
+        grammar=Grammar.json_object()
+        if args.json_object
+        else (None if args.json_schema is None else schema_file(args.json_schema)),
     )
     err = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
@@ -62,6 +66,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         (err if args.json == "-" else Console()).print(line, highlight=False)
     if bench.draft is not None:
         (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)
+    for r in report["results"]:
+        if "ratio_constrained_decode" in r:
+            line = (
+                f"{r['backend']}: decode under the grammar's mask {r['constrained_decode_tok_s']:.1f} tok/s, "
+                f"{r['ratio_constrained_decode']:.3f}x the plain decode's same steps"
+            )
+            (err if args.json == "-" else Console()).print(line, highlight=False)
     for key in ("auto", "auto_record"):  # which backend auto benched and why; that auto now reads this run
         if key in bench.notes:
             err.print(bench.notes[key], highlight=False)
@@ -161,6 +172,14 @@ def add_parsers(sub: Any) -> None:
         "--json", metavar="FILE", default=None, help="write one JSON object to FILE ('-': stdout)"
     )
     ben.add_argument("--plot", metavar="FILE", default=None, help="write a PNG bar chart to FILE")
+    shape = ben.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema",
+        metavar="FILE",
+        default=None,
+        help="also decode greedily under this JSON Schema's mask, same round (the masking cost)",
+    )
+    shape.add_argument("--json-object", action="store_true", help="the same for any JSON object")
     ben.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="perplexity and KL of a backend against a reference backend")
