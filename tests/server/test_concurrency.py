@@ -153,6 +153,28 @@ def test_stopping_the_server_ends_in_flight_requests_the_openai_way(
     assert sched.stats()["running"] == 0
 
 
+def test_a_second_stop_ends_the_grace_at_once(start_server: Callable[..., Server]) -> None:
+    s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS, grace_s=60)
+    sched = scheduler(s)
+    lines: list[str] = []
+
+    def read() -> None:
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json={**LONG, "stream": True}) as r:
+            lines.extend(r.iter_lines())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    while not sched.stats()["running"]:
+        time.sleep(0.01)
+    s.drain.ask()  # the first Ctrl+C: a minute of grace
+    t0 = time.monotonic()
+    s.stop()  # the second
+    reader.join(10)
+    assert not reader.is_alive() and time.monotonic() - t0 < 8
+    events = [line for line in lines if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and '"stop_reason":"shutdown"' in events[-2]
+
+
 def test_sequential_requests_leave_rss_flat(server: Server) -> None:
     """A short version of benchmarks/serve_load.py --rss (1,000 requests there)."""
     proc = psutil.Process()
