@@ -32,7 +32,7 @@ class Drain:
 
     def __init__(self, registry: Registry, grace_s: float, on_drained: Callable[[], None]) -> None:
         if grace_s < 0:
-            raise ValueError(f"grace_s must be >= 0 (got {grace_s})")
+            raise ValueError(f"the grace period (grace_s, --grace) must be >= 0 s, not {grace_s}")
         self.registry = registry
         self.grace_s = grace_s
         self._on_drained = on_drained

@@ -80,6 +80,7 @@ class Server:
         check_bind(config)
         self.config = config
         self.registry = Registry(config)
+        self.drain = Drain(self.registry, grace_s, on_drained=self._exit)  # checks grace_s before a load
         self.registry.start()
         try:
             family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -90,7 +91,6 @@ class Server:
             self.registry.close()
             raise
         self.port: int = self._sock.getsockname()[1]
-        self.drain = Drain(self.registry, grace_s, on_drained=self._exit)
         uv = uvicorn.Config(
             create_app(config, self.registry, self.drain),
             log_level=log_level,
