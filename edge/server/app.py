@@ -2,7 +2,8 @@
 
 Handlers validate and bound the request, render the prompt off the event loop, hand a `Job` to the model's
 scheduler and stream its pieces back (SSE via sse-starlette) or wait for its result. A client that goes away
-cancels its job; the generation polls the cancel between tokens.
+cancels its job; the generation polls the cancel between tokens. Once the server is stopping (drain.py) a new
+generation is a 503, and one cut at the end of the grace ends as OpenAI's clients understand it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from edge.model import Model, Result, Stream
 from edge.options import GenerateOptions
 from edge.server import protocol as p
 from edge.server.config import ServerConfig
+from edge.server.drain import Drain
 from edge.server.registry import ModelBusyError, Registry
-from edge.server.scheduler import Done, Failed, Job, QueueFull, Scheduler
+from edge.server.scheduler import Done, Failed, Job, QueueFull, Scheduler, ServerStopping
 from edge.server.security import BodyTooLarge, Guard
 
 __all__ = ["create_app"]
@@ -68,6 +70,9 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, kind, code = 503, "server_error", "models_busy"
     elif isinstance(exc, GrammarError):
         status, kind, param = 400, "invalid_request_error", "response_format"
+    elif isinstance(exc, ServerStopping):
+        status, kind, code = 503, "server_error", "server_shutting_down"
+        headers["Connection"] = "close"  # this connection has nothing more to serve
     elif isinstance(exc, ContextOverflowError):
         status, kind, param, code = 400, "invalid_request_error", "messages", "context_length_exceeded"
     elif isinstance(exc, TemplateError):
@@ -143,11 +148,16 @@ def _config(sched: Scheduler, opts: dict[str, Any]) -> GenerationConfig:
 
 
 class Handlers:
-    def __init__(self, config: ServerConfig, registry: Registry) -> None:
+    def __init__(self, config: ServerConfig, registry: Registry, drain: Drain) -> None:
         self.config = config
         self.limits = config.limits
         self.registry = registry
+        self.drain = drain
         self.started = time.time()
+
+    def _check_open(self) -> None:
+        if self.drain.stopping:
+            raise ServerStopping()
 
     async def _body(self, request: Request) -> bytes:
         return await request.body()  # the Guard raises BodyTooLarge past the limit
@@ -199,6 +209,8 @@ class Handlers:
     # -- endpoints -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         models = {name: s.stats() for name, s in self.registry.loaded().items()}
+        if self.drain.stopping:  # a load balancer sends no more here
+            return JSONResponse({"status": "stopping", "models": models}, 503)
         return JSONResponse({"status": "ok", "models": models})
 
     async def models(self, request: Request) -> Response:
@@ -212,8 +224,10 @@ class Handlers:
 
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         try:
+            self._check_open()
             body = await self._body(request)
             prep = await (self._prepare_chat(body) if chat else self._prepare_completion(body))
+            self._check_open()  # on the loop, as the drain's cut: a job submitted before it is cut by it
             job = Job(prep.prompt_ids, prep.run, asyncio.get_running_loop())
             prep.sched.submit(job)
         except Exception as exc:
@@ -228,7 +242,7 @@ class Handlers:
         except Exception as exc:
             return error_response(exc)
         usage, extra = _usage(result), _extra(result, job)
-        finish = p.finish_reason(result.stats.stop_reason)
+        finish = p.finish_reason(extra["stop_reason"])
         make = p.chat_response if chat else p.completion_response
         return JSONResponse(make(rid, prep.model, text, finish, usage, extra))
 
@@ -253,7 +267,8 @@ class Handlers:
                     yield _data(json.loads(error_response(item.error).body))
                     return
                 result = item.result
-                finish, extra = p.finish_reason(result.stats.stop_reason), _extra(result, job)
+                extra = _extra(result, job)
+                finish = p.finish_reason(extra["stop_reason"])
                 if chat:
                     yield _data(p.chat_chunk(rid, prep.model, created, {}, finish, extra=extra))
                 else:
@@ -285,13 +300,14 @@ def _usage(result: Result) -> p.Usage:
 def _extra(result: Result, job: Job) -> dict[str, Any]:
     """edge's own statistics, in the `edge` field of a response (clients that do not know it ignore it)."""
     s = result.stats
+    cut = job.shutdown and s.stop_reason == "cancelled"  # it may have ended by itself at the same token
     return {
         "ttft_ms": round(s.ttft_ms, 2),
         "prefill_tok_s": round(s.prefill_tok_s, 1),
         "decode_tok_s": round(s.decode_tok_s, 1),
         "queue_ms": round(job.queue_ms, 2),
         "cached_tokens": s.n_cached_tokens,
-        "stop_reason": s.stop_reason,
+        "stop_reason": "shutdown" if cut else s.stop_reason,
         "backend": f"{result.backend}:{result.device}",
         "fallback": result.fallback,
         "draft": None if s.draft is None else s.draft.to_dict(),
@@ -335,13 +351,16 @@ async def _wait_or_gone(job: Job, sched: Scheduler, request: Request) -> tuple[s
 
 
 # -- the app ---------------------------------------------------------------------------------------
-def create_app(config: ServerConfig, registry: Registry) -> Any:
-    """The ASGI app for a started `registry` (its models loaded); the app closes it on shutdown."""
-    h = Handlers(config, registry)
+def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
+    """The ASGI app for a started `registry` (its models loaded), stopped by `drain`; the app closes the
+    registry on shutdown."""
+    h = Handlers(config, registry, drain)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        draining = asyncio.create_task(drain.run())
         yield
+        draining.cancel()  # done unless uvicorn was stopped some other way
         await run_in_threadpool(registry.close)  # cancels what still runs, frees the models
 
     routes = [
@@ -368,11 +387,12 @@ def create_app(config: ServerConfig, registry: Registry) -> Any:
         allowed_hosts=config.allowed_hosts,
         max_body_bytes=config.limits.max_body_bytes,
     )
+    outer: Any = guarded
     if config.cors_origins:  # preflights (no Authorization header) are answered before the key check
-        return CORSMiddleware(
+        outer = CORSMiddleware(
             guarded,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    return guarded
+    return drain.track(outer)

@@ -53,6 +53,13 @@ def add_parser(sub: Any) -> None:
         "--queue", type=int, default=32, help="requests waiting per model before 429 (default 32)"
     )
     srv.add_argument("--max-tokens", type=int, default=4096, help="the most new tokens a request may ask for")
+    srv.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, the time requests in flight get to finish (default 5)",
+    )
     srv.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,...")
     srv.add_argument(
         "--backend",
@@ -95,6 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         models_max=args.models_max,
         parallel=args.parallel,
         limits=Limits(max_tokens=args.max_tokens, queue_size=args.queue),
+        grace_s=args.grace,
         **load_opts,
     )
     return 0

@@ -214,8 +214,9 @@ def new_id(prefix: str) -> str:
 
 
 def finish_reason(stop_reason: str) -> str:
-    """edge's stop reason as OpenAI's finish_reason."""
-    return "length" if stop_reason in ("length", "context") else "stop"
+    """edge's stop reason as OpenAI's finish_reason. An answer cut by a shutdown is "length": the one reason every
+    client already reads as "the text is incomplete" (the `edge` field's stop_reason says "shutdown")."""
+    return "length" if stop_reason in ("length", "context", "shutdown") else "stop"
 
 
 def models_response(names: list[str], created: int) -> dict[str, Any]:

@@ -1,25 +1,38 @@
 """Running the server: `edge.serve(...)` for apps that embed it, and `edge serve` on the command line.
 
 The bind is checked before anything loads (no API key, no listening beyond loopback), the models load before
-the socket opens, and uvicorn serves the app. SIGINT/SIGTERM (or `Server.stop()`) stop accepting, give
-in-flight requests `grace_s` to finish, then cancel the rest (each stops within one token) and free the models.
+the socket opens, and uvicorn serves the app. SIGINT/SIGTERM (or `Server.stop()`) start the drain (drain.py):
+new requests get a 503, those in flight get `grace_s` to finish, then each is ended the OpenAI way (a running
+one with its text so far, marked incomplete; a queued one with a 503) and the models are freed. A second
+signal ends the grace at once. `run()` then returns normally: `edge serve` exits 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from types import FrameType
 from typing import Any
 
+import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
+
 from edge.server.config import Limits, LoadSettings, ServerConfig, check_bind
+from edge.server.drain import Drain
 
 __all__ = ["Server", "serve"]
 
 log = logging.getLogger("edge.server")
+
+# uvicorn's own wait, once the drain has ended every request: a response still being written to a slow client
+UVICORN_BACKSTOP_S = 5.0
 
 
 def _log_to_stderr() -> None:
@@ -31,18 +44,43 @@ def _log_to_stderr() -> None:
         log.propagate = False
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, whose SIGINT/SIGTERM start edge's drain instead of its own shutdown.
+    NOTE: uvicorn's handler sets `should_exit` at once (sse-starlette then cancels every stream), and after
+    serving re-raises the signal (exit status 143 for a SIGTERM, a KeyboardInterrupt for a SIGINT)."""
+
+    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_signal = on_signal
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # only the main thread receives signals: a server in a thread stops by `Server.stop()`
+            return
+
+        def handle(sig: int, frame: FrameType | None) -> None:
+            self._on_signal()
+
+        originals = {sig: signal.signal(sig, handle) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, original in originals.items():
+                signal.signal(sig, original)
+
+
 class Server:
     """A configured server: `start()` in a background thread or `run()` in this one; `url` once bound."""
 
     def __init__(self, config: ServerConfig, *, grace_s: float = 5.0, log_level: str = "warning") -> None:
-        import uvicorn
-
         from edge.server.app import create_app
         from edge.server.registry import Registry
 
         check_bind(config)
         self.config = config
         self.registry = Registry(config)
+        self.drain = Drain(self.registry, grace_s, on_drained=self._exit)  # checks grace_s before a load
         self.registry.start()
         try:
             family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -53,15 +91,14 @@ class Server:
             self.registry.close()
             raise
         self.port: int = self._sock.getsockname()[1]
-        app = create_app(config, self.registry)
         uv = uvicorn.Config(
-            app,
+            create_app(config, self.registry, self.drain),
             log_level=log_level,
-            timeout_graceful_shutdown=grace_s,
+            timeout_graceful_shutdown=UVICORN_BACKSTOP_S,
             lifespan="on",
             access_log=log_level in ("info", "debug"),
         )
-        self._server = uvicorn.Server(uv)
+        self._server = _Uvicorn(uv, on_signal=self.drain.ask)
         self._thread: threading.Thread | None = None
 
     @property
@@ -91,9 +128,15 @@ class Server:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        self._server.should_exit = True
+        """Drain (as a SIGTERM does) and wait for the server to end."""
+        self.drain.ask()
+        if not self._server.started:  # not serving (yet): nothing to drain
+            self._exit()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _exit(self) -> None:
+        self._server.should_exit = True
 
     def __enter__(self) -> Server:
         return self

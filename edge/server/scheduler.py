@@ -7,6 +7,8 @@ conversation that sends its history again keeps reusing its KV (edge.session) ev
 
 Pieces of text go back to the event loop through an asyncio queue; a request that is cancelled (its client
 disconnected, or the server is stopping) sets the job's event, which the generation polls between tokens.
+At the end of a shutdown's grace (drain.py) `cut` ends every job: a queued one fails with `ServerStopping`, a
+running one stops at its next token and keeps its text so far (`Job.shutdown` says why it stopped).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from edge.errors import EdgeError
 from edge.model import Model, Result
 from edge.session import common_prefix
 
-__all__ = ["Done", "Failed", "Job", "JobRecord", "QueueFull", "Scheduler"]
+__all__ = ["Done", "Failed", "Job", "JobRecord", "QueueFull", "Scheduler", "ServerStopping"]
 
 
 class QueueFull(EdgeError):
@@ -33,6 +35,13 @@ class QueueFull(EdgeError):
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message, hint=f"retry after {retry_after} s")
         self.retry_after = retry_after
+
+
+class ServerStopping(EdgeError):
+    """The server is shutting down: it takes no new request, and this one had not started when the grace ended."""
+
+    def __init__(self, message: str = "the server is shutting down") -> None:
+        super().__init__(message, hint="send it again once the server is back, or to another one")
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class Job:
     started: float | None = None
     polls: int = 0  # cancel polls by the generation: one per token (and per prefill chunk)
     polls_at_cancel: int | None = None
+    shutdown: bool = False  # cancelled by the end of a shutdown's grace (not by its client)
 
     def cancel(self) -> None:
         if not self.cancelled.is_set():
@@ -121,8 +131,8 @@ class _Worker:
 
     def _run(self, job: Job) -> None:
         job.started = time.monotonic()
-        if job.cancelled.is_set():
-            job.put(Failed(asyncio.CancelledError()))
+        if job.cancelled.is_set():  # nobody waits for it, or the shutdown cut it before it began
+            job.put(Failed(ServerStopping() if job.shutdown else asyncio.CancelledError()))
             return
         try:
             result = job.run(self.model, job.poll, job.put)
@@ -161,7 +171,7 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         with self._lock:
             if self._closed:
-                raise EdgeError("the server is stopping", hint="retry once it is back")
+                raise ServerStopping()
             if not self._idle and len(self._queue) >= self.queue_size:
                 waves = (len(self._queue) + len(self._running)) / len(self._workers)
                 raise QueueFull(
@@ -215,17 +225,25 @@ class Scheduler:
                 "completed": self.completed,
             }
 
-    def close(self, *, timeout: float = 10.0) -> None:
-        """Cancel what runs and what waits, stop the workers and free the replicas."""
+    def cut(self) -> tuple[int, int]:
+        """End every job now: the queued fail with ServerStopping, the running stop at their next token with
+        their text so far. Returns how many (running, queued) were cut."""
         with self._lock:
-            self._closed = True
             queued, self._queue = list(self._queue), deque()
             running = list(self._running)
         for job in queued:
             job.cancel()
-            job.put(Failed(EdgeError("the server is stopping")))
+            job.put(Failed(ServerStopping()))
         for job in running:
+            job.shutdown = True  # set before the cancel: the worker reads it once it sees the cancel
             job.cancel()
+        return len(running), len(queued)
+
+    def close(self, *, timeout: float = 10.0) -> None:
+        """Cancel what runs and what waits, stop the workers and free the replicas."""
+        with self._lock:
+            self._closed = True
+        self.cut()
         for w in self._workers:
             w.give(None)
         for w in self._workers:

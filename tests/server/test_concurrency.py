@@ -1,8 +1,10 @@
 """Several clients at once: all served, none dropped, a full queue is a 429, a client that leaves cancels its
-generation within one decode step, stopping the server cancels what runs, and memory stays flat."""
+generation within one decode step, stopping the server ends what runs and waits the OpenAI way, and memory
+stays flat."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -115,28 +117,62 @@ def test_full_queue_is_a_429_with_retry_after(start_server: Callable[..., Server
     assert httpx.post(url, json={**LONG, "max_tokens": 2}).status_code == 200
 
 
-def test_stopping_the_server_cancels_in_flight_requests(start_server: Callable[..., Server]) -> None:
+def test_stopping_the_server_ends_in_flight_requests_the_openai_way(
+    start_server: Callable[..., Server],
+) -> None:
     s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS, grace_s=0.3)
     sched = scheduler(s)
+    url = s.url + "/v1/chat/completions"
     lines: list[str] = []
+    queued: list[httpx.Response] = []
 
     def read() -> None:
-        try:
-            with httpx.stream("POST", s.url + "/v1/chat/completions", json={**LONG, "stream": True}) as r:
-                lines.extend(r.iter_lines())
-        except httpx.HTTPError:
-            pass  # the server closed the connection: also a clean end for the client
+        with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=30) as r:
+            lines.extend(r.iter_lines())
 
     reader = threading.Thread(target=read)
     reader.start()
     while not sched.stats()["running"]:
         time.sleep(0.01)
+    waiter = threading.Thread(target=lambda: queued.append(httpx.post(url, json=LONG, timeout=30)))
+    waiter.start()
+    while not sched.stats()["queued"]:
+        time.sleep(0.01)
     t0 = time.monotonic()
     s.stop()
     reader.join(10)
-    assert not reader.is_alive() and time.monotonic() - t0 < 8
+    waiter.join(10)
+    assert not reader.is_alive() and not waiter.is_alive() and time.monotonic() - t0 < 8
+    events = [line for line in lines if line.startswith("data:")]
+    last = json.loads(events[-2].removeprefix("data:"))  # the running one: its text so far, marked cut
+    assert events[-1] == "data: [DONE]" and len(events) > 3
+    assert last["choices"][0]["finish_reason"] == "length" and last["edge"]["stop_reason"] == "shutdown"
+    assert queued[0].status_code == 503  # the queued one never started
+    assert queued[0].json()["error"]["code"] == "server_shutting_down"
     assert sched.records and last_record(sched).stop_reason == "cancelled"
     assert sched.stats()["running"] == 0
+
+
+def test_a_second_stop_ends_the_grace_at_once(start_server: Callable[..., Server]) -> None:
+    s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS, grace_s=60)
+    sched = scheduler(s)
+    lines: list[str] = []
+
+    def read() -> None:
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json={**LONG, "stream": True}) as r:
+            lines.extend(r.iter_lines())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    while not sched.stats()["running"]:
+        time.sleep(0.01)
+    s.drain.ask()  # the first Ctrl+C: a minute of grace
+    t0 = time.monotonic()
+    s.stop()  # the second
+    reader.join(10)
+    assert not reader.is_alive() and time.monotonic() - t0 < 8
+    events = [line for line in lines if line.startswith("data:")]
+    assert events[-1] == "data: [DONE]" and '"stop_reason":"shutdown"' in events[-2]
 
 
 def test_sequential_requests_leave_rss_flat(server: Server) -> None:
