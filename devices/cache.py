@@ -162,7 +162,7 @@ def _graph(folder: Path, now: float) -> Entry:
         size,
         model=_recorded_path(model),
         model_file=source if isinstance(source, str) else None,
-        backend=done.get("target") if fmt is not None else None,
+        backend=(done.get("target") or "onnx") if fmt is not None else None,  # onnx: built for no target
         precision=done.get("precision") if fmt is not None else None,
         stale=stale,
     )
@@ -236,7 +236,7 @@ def scan() -> list[Entry]:
         if folder.is_dir():
             out += [
                 _temporary("other", p, now, "a record's write cut short")
-                for p in sorted(folder.glob(".*"))
+                for p in sorted(folder.glob(".*.json.*"))  # write_json's mkstemp(prefix=".NAME.")
                 if p.is_file()
             ]
     return out

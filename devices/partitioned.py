@@ -88,7 +88,9 @@ def compile_cache_dir(path: Path) -> Path:
 def _compile_cache(path: Path) -> Path:
     out = compile_cache_dir(path)
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / COMPILED_SOURCE).is_file():  # what `edge rm` and `edge cache --prune` read (devices/cache.py)
+    if not (
+        out / COMPILED_SOURCE
+    ).is_file():  # what `edge rm` and `edge cache --prune` read (devices/cache.py)
         write_json(out / COMPILED_SOURCE, {"graph": file_identity(path)})
     return out
 

@@ -152,13 +152,17 @@ def test_prune_removes_what_nothing_can_use_and_leaves_writes_under_way(tmp_path
     partial.parent.mkdir()
     partial.write_bytes(bytes(10))
     _age(partial, 7200)
+    record = cache / "devices" / ".probe.json.x1y2z3"  # a JSON record's write killed midway (jsonstore)
+    record.parent.mkdir(exist_ok=True)
+    record.write_text("{")
+    _age(record, 7200)
 
     before = edge_json(cache, "cache")
     stale = {e["path"] for e in before["entries"] if e["stale"]}
     pruned = edge_json(cache, "cache", "--prune")
     removed = {r["path"] for r in pruned["removed"]}
     assert removed == stale
-    want = {str(old), str(unrecorded), str(killed), str(partial)}
+    want = {str(old), str(unrecorded), str(killed), str(partial), str(record)}
     assert want <= removed and str(current) not in removed
     assert sum(1 for r in pruned["removed"] if "gone.gguf" in r["why"]) == 4  # graph, plan, 2 compile caches
     assert pruned["freed_bytes"] == sum(r["bytes"] for r in pruned["removed"]) == before["stale_bytes"]
