@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.filesize import decimal as size_text
+
+if TYPE_CHECKING:
+    from edge.devices.cache import Entry, Removal
 
 # built entries listed in this order: graphs, then plans, then their compile caches
 _KIND_ORDER = {"graphs": 0, "plans": 1, "compiled": 2}
 
 
-def _built(entries: list[Any]) -> dict[str, Any]:
+def _built(entries: list[Entry]) -> dict[str, Any]:
     """The JSON of what was built from one model, and its labels for the table (`ort fast (2)`)."""
     entries = sorted(entries, key=lambda e: (_KIND_ORDER.get(e.kind, 3), e.label))
     counts: dict[str, int] = {}
@@ -25,7 +28,7 @@ def _built(entries: list[Any]) -> dict[str, Any]:
     return {"built": built, "built_bytes": sum(e.bytes for e in entries), "labels": labels}
 
 
-def _catalog_rows(entries: list[Any]) -> list[dict[str, Any]]:
+def _catalog_rows(entries: list[Entry]) -> list[dict[str, Any]]:
     from edge.devices.cache import entries_of
     from edge.models.catalog import CATALOG, DEFAULT_MODEL
     from edge.models.store import is_verified, model_path
@@ -56,10 +59,10 @@ def _catalog_rows(entries: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _other_sources(entries: list[Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _other_sources(entries: list[Entry], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Files (or `edge convert` folders) outside the catalog that edge built something from."""
     listed = {b["path"] for r in rows for b in r["built"]}
-    groups: dict[str, list[Any]] = {}
+    groups: dict[str, list[Entry]] = {}
     for e in entries:
         if e.model and not e.busy and str(e.path) not in listed:
             groups.setdefault(e.model, []).append(e)
@@ -131,7 +134,7 @@ def _built_table(built: list[tuple[str, dict[str, Any]]]) -> Any:
     return table
 
 
-def _removal_lines(removal: Any, root: Path) -> list[str]:
+def _removal_lines(removal: Removal, root: Path) -> list[str]:
     lines = []
     for path, n, why in removal.removed:
         shown = path.relative_to(root) if path.is_relative_to(root) else path
@@ -151,7 +154,14 @@ def cmd_rm(args: argparse.Namespace) -> int:
         print(json.dumps({"model": args.model, **removal.to_dict()}))
         return 0
     if not removal.removed:
-        print(f"nothing to remove for {args.model}: no model file and nothing built from it in {cache_dir()}")
+        from edge.models.catalog import CATALOG
+
+        why = (
+            "is not pulled and nothing was built from it"
+            if args.model in CATALOG
+            else "has nothing built from it"
+        )
+        print(f"nothing to remove for {args.model}: it {why} in {cache_dir()}")
         return 0
     for line in _removal_lines(removal, cache_dir()):
         print(line)
