@@ -78,8 +78,13 @@ class Choice:
         """For the summary line: `auto, measured`."""
         return f"auto, {self.source}"
 
-    def explain(self) -> str:
+    def explain(self, *, figures: bool = True) -> str:
+        """Why, then (figures) the speeds it weighed: measured here, or the prior's, said as recorded elsewhere."""
         lines = [f"backend auto -> {self.backend} ({self.source}): {self.why}"]
+        if not figures or not self.speeds:
+            return lines[0]
+        if self.source == "prior":
+            lines.append("  the recorded speeds (another machine's, not measured here):")
         fastest = min((s.request_s() for s in self.speeds.values()), default=0.0)
         for b, s in sorted(self.speeds.items(), key=lambda kv: kv[1].request_s()):
             lines.append(
@@ -331,10 +336,11 @@ def _from_prior(path: Path, sha: str | None, candidates: Sequence[str]) -> Choic
     if len(speeds) < 2:
         return None
     m = prior.get("machine") or {}
-    where = f"{m.get('cpu', '?')}, {m.get('threads', '?')} threads ({prior.get('source', 'auto_prior.json')})"
+    # NOTE: the prior's `source` is a file of the repository, which an installed edge does not have
+    where = f"{m.get('cpu', '?')}, {m.get('threads', '?')} threads"
     what = "this file" if same else f"the recorded model nearest in size, {entry.get('name')}"
     why = (
-        f"not measured on this machine: the speeds recorded for {what} on {where}; "
+        f"not measured on this machine: the speeds edge ships, recorded for {what} on {where}; "
         "`edge bench MODEL --backends all` measures it here"
     )
     return Choice(_fastest(speeds, list(speeds)), "prior", why, speeds)

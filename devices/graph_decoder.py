@@ -28,7 +28,7 @@ from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
-from edge.models.store import cache_dir
+from edge.models.store import cache_dir, file_identity
 from edge.models.transformer import BuildOptions, Embedder, build_decoder
 
 GRAPH_FORMAT = 17  # bump when the graph a builder emits changes, to invalidate cached graphs
@@ -128,7 +128,16 @@ def ensure_graph(
         # qwen2.5-coder-1.5b: RSS 4.8 GB after the build, 2.6 after gc, 1.1 after malloc_trim (an ORT decoder
         # on the cached graph then peaks at 2.2 GB); the build's own peak, ~5.3 GB, stays
         release_heap()
-        (tmp / "DONE").write_text(json.dumps({"source": gguf.path.name, "files": _files_record(tmp)}))
+        done = {
+            "source": gguf.path.name,
+            "files": _files_record(tmp),
+            # what `edge models`, `edge rm` and `edge cache --prune` read (devices/cache.py)
+            "format": GRAPH_FORMAT,
+            "model": file_identity(gguf.path),
+            "target": target,
+            "precision": precision,
+        }
+        (tmp / "DONE").write_text(json.dumps(done))
         if final.exists():  # an interrupted or stale build: replace it whole
             shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -26,7 +26,8 @@ from edge.devices.ring_decoder import RingDecoder
 from edge.devices.runners import Runner, RunnerOptions
 from edge.errors import DeviceError
 from edge.models.arch import ArchConfig
-from edge.models.store import cache_dir
+from edge.models.jsonstore import write_json
+from edge.models.store import cache_dir, file_identity
 
 __all__ = ["PartitionGraph", "PartitionedDecoder", "PartitionedOptions", "open_artifact_decoder"]
 
@@ -74,13 +75,24 @@ def _graph_inputs(path: Path) -> tuple[set[str], dict[str, list[int | str]]]:
     return set(shapes), shapes
 
 
-def _compile_cache(path: Path) -> Path:
+COMPILED_SOURCE = "edge-source.json"  # in a compile cache: the graph file it is for (store.file_identity)
+
+
+def compile_cache_dir(path: Path) -> Path:
     """A compile cache per graph file (several partitions never share one: ORT writes a fixed file name)."""
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    path = cache_dir() / "compiled" / hashlib.sha256(key.encode()).hexdigest()[:20]
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return cache_dir() / "compiled" / hashlib.sha256(key.encode()).hexdigest()[:20]
+
+
+def _compile_cache(path: Path) -> Path:
+    out = compile_cache_dir(path)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (
+        out / COMPILED_SOURCE
+    ).is_file():  # what `edge rm` and `edge cache --prune` read (devices/cache.py)
+        write_json(out / COMPILED_SOURCE, {"graph": file_identity(path)})
+    return out
 
 
 class PartitionedDecoder(RingDecoder):

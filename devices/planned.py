@@ -36,7 +36,7 @@ from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
 from edge.models.checked import CheckedModel, as_checked
-from edge.models.store import cache_dir
+from edge.models.store import cache_dir, file_identity
 
 __all__ = [
     "DeviceRequest",
@@ -113,7 +113,14 @@ def plan_artifact(
         )
         convert(gguf_path, art, opts, log=log)
         digests = {p.name: file_sha256(p) for p in art.iterdir() if p.is_file()}
-        (art / "DONE").write_text(json.dumps({"sha256": digests}, sort_keys=True), encoding="utf-8")
+        # the format, source and precision: what `edge models`, `edge rm` and `edge cache --prune` read
+        done = {
+            "sha256": digests,
+            "format": PLAN_FORMAT,
+            "model": file_identity(gguf_path),
+            "precision": options.precision,
+        }
+        (art / "DONE").write_text(json.dumps(done, sort_keys=True), encoding="utf-8")
         try:
             os.replace(art, out)
         except OSError:  # another process built it first

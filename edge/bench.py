@@ -540,7 +540,8 @@ def _resolve_auto(cfg: BenchConfig, path: Path) -> tuple[BenchConfig, str | None
     choice = choose_backend(path, precision=cfg.precision, threads=cfg.threads)
     backends = tuple(dict.fromkeys(choice.backend if b == AUTO else b for b in cfg.backends))
     against = choice.backend if cfg.against == AUTO else cfg.against
-    return replace(cfg, backends=backends, against=against), choice.explain()
+    # the choice alone: this run's table is the machine's own figures, and the prior's are another machine's
+    return replace(cfg, backends=backends, against=against), choice.explain(figures=False)
 
 
 # the shortest bench run whose rates --backend auto takes (its reference request is 128 + 128 tokens)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from edge.errors import EdgeError
 
-__all__ = ["batch_lines", "bench_table", "partition_lines", "write_plot"]
+__all__ = ["batch_lines", "bench_table", "check_plot", "partition_lines", "write_plot"]
 
 
 def _num(v: float) -> str:
@@ -98,6 +99,15 @@ _PANELS = (
 )
 
 
+PLOT_HINT = 'pip install "edge-llm[plot]"'
+
+
+def check_plot() -> None:
+    """--plot needs matplotlib, an extra: said before the bench runs, not after its minutes of measuring."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise EdgeError("--plot needs matplotlib, which is not installed", hint=PLOT_HINT)
+
+
 def write_plot(report: dict[str, Any], path: str | Path) -> None:
     """Bar chart, one panel per metric, one bar per backend with min-max whiskers and its value written on."""
     try:
@@ -106,7 +116,7 @@ def write_plot(report: dict[str, Any], path: str | Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise EdgeError("--plot needs matplotlib", hint="pip install matplotlib") from None
+        raise EdgeError("--plot needs matplotlib, which is not installed", hint=PLOT_HINT) from None
 
     results, s, roof, m = report["results"], report["settings"], report["roofline"], report["machine"]
     names = [f"{r['backend']}\n{r['device']}" for r in results]

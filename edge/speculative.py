@@ -204,8 +204,17 @@ class DraftStats:
             return None
         return self.tokens / self.step_s * self.target_step_s
 
-    def summary(self) -> str:
-        """One line for the CLI: `draft NAME: 63% of 190 accepted, 2.9 tok/forward, k 4.1, ~1.4x`."""
+    def summary(self, *, brief: bool = False) -> str:
+        """One line for the CLI: `draft NAME: 63% of 190 accepted, 2.9 tok/forward, k 4.1, ~1.4x`; brief (the
+        chat app's stats bar): `draft NAME: 63% accepted, 2.9 tok/forward`. A generation that drafted nothing
+        (prompt lookup found no match) says so, not `0% of 0`."""
+        if not self.drafted:
+            return f"draft {self.method}: nothing drafted"
+        if brief:
+            return (
+                f"draft {self.method}: {100 * self.acceptance_rate:.0f}% accepted, "
+                f"{self.tokens_per_target_forward:.1f} tok/forward"
+            )
         line = (
             f"draft {self.method}: {100 * self.acceptance_rate:.0f}% of {self.drafted} accepted, "
             f"{self.tokens_per_target_forward:.2f} tok/forward, k {self.k_chosen / max(self.rounds, 1):.1f}"

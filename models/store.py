@@ -28,6 +28,14 @@ def model_path(entry: CatalogEntry) -> Path:
     return cache_dir() / "models" / entry.file
 
 
+def file_identity(path: Path) -> dict[str, str | int]:
+    """What a derived cache entry (graph, plan, compile cache) records of the file it was built from, the same
+    facts its key holds: `edge rm` and `edge cache --prune` find a file's entries, or those of a file since
+    removed or changed, without rebuilding keys (devices/cache.py)."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 def _marker(path: Path) -> Path:
     return path.with_name(path.name + ".verified.json")
 

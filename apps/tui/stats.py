@@ -72,11 +72,7 @@ def stats_text(
             f"prompt {s.n_prompt_tokens}, {s.n_cached_tokens} reused"
         )
         if s.draft is not None:
-            d = s.draft
-            parts.append(
-                f"draft {d.method}: {100 * d.acceptance_rate:.0f}% accepted, "
-                f"{d.tokens_per_target_forward:.1f} tok/forward"
-            )
+            parts.append(s.draft.summary(brief=True))
         if kv is None and s.window_note:  # else kv_text says it
             parts.append(f"[b yellow]{s.window_note}[/]")
     if kv is not None:

@@ -64,6 +64,17 @@ def test_stats_text_says_what_the_draft_gave() -> None:
     assert "draft ngram+qwen2.5-coder-0.5b: 75% accepted, 4.0 tok/forward" in stats_text(info, result=result)
 
 
+def test_stats_text_of_a_reply_that_drafted_nothing() -> None:
+    from edge.generate import GenerationStats
+    from edge.model import Result
+    from edge.speculative import DraftStats
+
+    stats = GenerationStats(n_prompt_tokens=20, n_tokens=9, stop_reason="eos", draft=DraftStats("ngram"))
+    info = ModelInfo("m", "ort", "cpu", None, "ngram", chat_template=True)
+    text = stats_text(info, result=Result("ok", [5] * 9, [1] * 20, stats, "ort", "cpu", None))
+    assert "draft ngram: nothing drafted" in text and "0% accepted" not in text
+
+
 def test_chat_is_registered_as_an_edge_app() -> None:
     (ep,) = entry_points(group="edge.apps", name="chat")
     assert ep.value == "edge.apps.tui:main"

@@ -174,6 +174,23 @@ def test_edge_bench_records_what_auto_reads(tiny: Path) -> None:
     assert "backend auto" in auto_run.notes["auto"]
 
 
+def test_edge_bench_shows_this_machine_not_the_prior(tmp_path: Path) -> None:
+    """An unmeasured file: `edge bench --backends auto` names the prior's machine and prints none of its figures
+    (its table is this machine's), and no repository path an installed edge does not have; --explain's
+    figures are labelled as another machine's."""
+    fresh = write_tiny_model(tmp_path / "fresh.gguf", TinySpec(arch="llama", seed=11))
+    prior = json.loads(resources.files("edge.devices").joinpath("auto_prior.json").read_text())
+    run = run_bench(str(fresh), BenchConfig(prompt_tokens=8, gen_tokens=4, repeat=1, threads=1))
+    note = run.notes["auto"]
+    assert note.startswith("backend auto -> ") and "(prior)" in note and len(note.splitlines()) == 1
+    assert f"on {prior['machine']['cpu']}, {prior['machine']['threads']} threads" in note
+    assert prior["source"] not in note and "benchmarks/" not in note and "tok/s" not in note
+    choice = choose_backend(fresh, threads=1)
+    lines = choice.explain().splitlines()
+    assert "another machine's, not measured here" in lines[1] and "tok/s" in lines[2]
+    assert "benchmarks/" not in choice.explain()
+
+
 def test_a_damaged_measurement_file_is_ignored(tiny: Path) -> None:
     from edge.models.store import cache_dir
 

@@ -103,6 +103,35 @@ def test_bench_table_header_matches_its_rows(repeat: int) -> None:
         assert "cold/" in text and "0.125" in text
 
 
+# matplotlib is an extra: a run where it cannot be imported (sys.modules[name] = None blocks the import)
+WITHOUT_MATPLOTLIB = (
+    "import sys; sys.modules['matplotlib'] = None; from edge.cli import main; sys.exit(main())"
+)
+
+
+def test_plot_without_matplotlib_is_one_line_with_the_extra(tmp_path: Path) -> None:
+    png = tmp_path / "b.png"
+    args = ["bench", "smollm2-135m", "--repeat", "1", "--plot", str(png)]
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_MATPLOTLIB, *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and not png.exists()
+    # said before the bench runs (no progress, no table): one line naming the extra
+    assert proc.stderr.strip().splitlines() == [
+        'edge: error: --plot needs matplotlib, which is not installed (pip install "edge-llm[plot]")'
+    ]
+    assert proc.stdout == ""
+
+
+def test_edge_and_its_commands_import_no_matplotlib() -> None:
+    code = (
+        "import sys, edge, edge.cli, edge.measure_cli, edge.bench, edge.bench_report\n"
+        "edge.cli.build_parser()\n"
+        "assert 'matplotlib' not in sys.modules, 'matplotlib imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 @pytest.mark.slow
 def test_bench_tiny_real_run(tmp_path: Path) -> None:
     js, png = tmp_path / "b.json", tmp_path / "b.png"

@@ -473,6 +473,21 @@ def test_cli_draft_json_summary_and_refusal(files: dict[str, Path]) -> None:
     assert "other.gguf cannot draft for target.gguf" in lines[0] and "vocabulary sizes" in lines[0]
 
 
+def test_a_generation_that_drafted_nothing_says_so(files: dict[str, Path]) -> None:
+    """Prompt lookup that found nothing to draft used to read `0% of 0 accepted, 0.00 tok/forward, k 0.0`."""
+    from edge.speculative import DraftStats
+
+    assert DraftStats("ngram", plain_steps=7, tokens=7).summary() == "draft ngram: nothing drafted"
+    assert DraftStats("ngram").summary(brief=True) == "draft ngram: nothing drafted"
+    drafted = DraftStats("ngram", drafted=10, accepted=5, rounds=2, plain_steps=1, tokens=9)
+    assert drafted.summary().startswith("draft ngram: 50% of 10 accepted, 3.00 tok/forward, k 0.0")
+    # one token comes from the prompt's forward: no decode step, nothing drafted, on the run's summary line
+    run = ("run", str(files["target"]), "w1 w2", "--draft", "ngram", "--max-tokens", "1")
+    proc = edge_cli(*run, "--backend", "llamacpp")
+    assert proc.returncode == 0, proc.stderr
+    assert "draft ngram: nothing drafted · " in proc.stderr and "of 0" not in proc.stderr
+
+
 # -- the real pair ---------------------------------------------------------------------------------------
 
 
