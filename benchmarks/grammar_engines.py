@@ -17,7 +17,7 @@ and each schema of tests/data/schemas.json:
 Each engine runs in its own worker process with a per-schema timeout: a compile past it is recorded, not waited
 for. Then edge's side (a bitmask applied to one logits row in numpy), the decode step it is measured against,
 the wheels' weight (xgrammar with its dependencies, pip download) and the CPU.
-Writes benchmarks/results/grammar-engines-<date>.json and .md.
+Writes benchmarks/results/grammar-engines-<date>.json and .md (the verdict below its tables is written by hand).
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ def load_vocab(model: str) -> Vocab:
     tokens = [tok.token_bytes(i) for i in range(tok.vocab_size)]
     tokens += [b""] * (N_VOCAB - len(tokens))
     special = frozenset(i for i in range(tok.vocab_size) if int(tok._attrs[i]) & ATTR_CONTROL)
-    eos = tuple(sorted(tok.eog_ids)) or ((tok.eos_id,) if tok.eos_id is not None else ())
+    # the model's own EOS (<|im_end|>) first: outlines-core takes one, the walks check it; llguidance takes all
+    first = () if tok.eos_id is None else (tok.eos_id,)
+    eos = first + tuple(sorted(tok.eog_ids - set(first)))
     return Vocab(tokens, special, eos, tok.bos_id)
 
 
@@ -315,7 +317,15 @@ def decode_step(model: str, decode_json: Path | None) -> dict[str, Any]:
     """Decode tok/s of `model` on the own ORT graph from `edge bench --json` (run here unless given)."""
     if decode_json is None:
         decode_json = Path(tempfile.mkdtemp()) / "bench.json"
-        cmd = [sys.executable, "-m", "edge", "bench", model, "--backends", "ort", "--repeat", "1"]
+        cmd = [
+            str(Path(sys.executable).parent / "edge"),
+            "bench",
+            model,
+            "--backends",
+            "ort",
+            "--repeat",
+            "1",
+        ]
         cmd += ["--prompt-tokens", "16", "--gen-tokens", "32", "--json", str(decode_json)]
         subprocess.run(cmd, check=True)
     data = json.loads(decode_json.read_text())
@@ -451,11 +461,11 @@ def report(data: dict[str, Any]) -> list[str]:
         f"`python benchmarks/grammar_engines.py` on {m['cpu']}, {m['cpus']} CPUs ({', '.join(m['flags'])}), "
         f"load average {m['loadavg_start'][0]:.1f} at the start (the machine is shared). Versions: "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-        + f". Vocabulary: {data['vocab_model']}'s, {N_VOCAB:,} ids ({data['n_special']} control tokens special). "
+        + f". Vocabulary: {data['vocab_model']}'s, {N_VOCAB:,} ids ({data['n_special']} control tokens special, EOS {data['eos'][0]}). "
         f"{len(data['rows'][ENGINES[0]])} schemas (tests/data/schemas.json), per-schema timeout {data['timeout_s']:.0f} s.",
         "",
-        f"Decode step: {data['decode_model']} on the own ORT graph, {data['decode_tok_s']:.1f} tok/s measured in "
-        f"this run (`edge bench --backends ort --repeat 1 --prompt-tokens 16 --gen-tokens 32`), "
+        f"Decode step: {data['decode_model']} on the own ORT graph, {data['decode_tok_s']:.1f} tok/s measured on "
+        f"this busy machine (`edge bench --backends ort --repeat 1 --prompt-tokens 16 --gen-tokens 32`), "
         f"{data['reference_tok_s']:.1f} tok/s recorded on a quieter machine; the % below are of the faster "
         f"one, {step_ms:.1f} ms/token.",
         "",
