@@ -60,11 +60,17 @@ RunnerFactory = Callable[[Path, RunnerOptions], Runner]
 
 def _llamacpp(path: Path, device: str, opts: DecoderOptions) -> Decoder:
     from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+    from edge.devices.native_check import llamacpp_config
     from edge.models.artifact import is_artifact, open_artifact
 
     if is_artifact(path):  # an `edge convert` artifact: llama.cpp runs the GGUF it was converted from
         path = open_artifact(path).source_path()
-    return LlamaCppDecoder(path, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device))
+    # the configuration that passed its known-answer check here (a child process, once per build and CPU)
+    config = llamacpp_config()
+    lopts = LlamaCppOptions(
+        n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device, extra_bufts=config.extra_bufts
+    )
+    return LlamaCppDecoder(path, lopts)
 
 
 def _graph(backend: str) -> BackendFactory:

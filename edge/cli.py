@@ -138,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "device": result.device,
             "fallback": result.fallback,
             "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
+            "backend_config": _backend_config(result.backend),
             "precision": precision,
             "draft": None
             if s.draft is None
@@ -160,6 +161,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _backend_config(backend: str) -> dict[str, Any] | None:
+    """How llama.cpp was loaded here: the configuration that passed its known-answer check (None: another
+    backend). The check ran before the load, so this reads its cached verdict."""
+    if backend != "llamacpp":
+        return None
+    from edge.devices.native_check import llamacpp_verdict
+
+    verdict = llamacpp_verdict()
+    return None if verdict.config is None else {"name": verdict.config.name, "note": verdict.note() or None}
+
+
 def _explain(m: Any) -> str:
     """The plan of `edge run --explain`: the planner's when the request went through it, else the one device
     (and, with --backend auto, which backend and why)."""
@@ -172,6 +184,10 @@ def _explain(m: Any) -> str:
         f"plan: {m.name} whole model on {p.backend}:{p.device}{note}; one partition ({what})",
         "  why: one device was asked for; --device auto or hetero:A,B plan from measured device speeds",
     ]
+    config = _backend_config(p.backend)
+    if config is not None:
+        said = config["note"] or f"{config['name']}: passed its known-answer check"
+        lines.append(f"  llama.cpp: {said}")
     if p.auto is not None:
         lines += ["  " + line for line in p.auto.explain().splitlines()]
         if p.auto.note:
@@ -272,12 +288,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
         data = inv.to_dict()
         for b in data["backends"]:  # discovered is not the same as able to run a model in this version
             b["runs_models"] = b["available"] and b["name"] in runnable
+            if b["name"] == "llamacpp" and b["version"]:  # it imports: its known-answer check's verdict
+                from edge.devices.native_check import llamacpp_verdict
+
+                b["native_check"] = llamacpp_verdict().to_dict()
             for d in b["devices"]:
                 gbs = probed.get((b["name"], d["name"]))
                 d["probe_gb_s"] = None if gbs is None else round(gbs, 2)
         print(json.dumps(data))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -296,13 +317,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
             + ")"
             for d in b.devices
         )
+        # reasons, notes and hints are printed as written: `edge-llm[llamacpp]` is not markup
         if b.available:
             runs = b.name in runnable
             status = "[green]ready[/]" if runs else "found (no model runner in this version)"
+            if b.note:
+                status += f" ({escape(b.note)})"
         else:
-            status = f"[yellow]unavailable[/]: {b.reason}"
+            status = f"[yellow]unavailable[/]: {escape(b.reason)}"
         if b.hint:
-            status += f" ({b.hint})"
+            status += f" ({escape(b.hint)})"
         table.add_row(b.name, status, b.version, devs)
     console.print(table)
     if not probed:
