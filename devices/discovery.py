@@ -131,7 +131,7 @@ def probe_llamacpp() -> BackendStatus:
     devices = [BackendDevice("cpu", "cpu", "llama.cpp CPU")]
     if llama_cpp.llama_supports_gpu_offload():
         devices.append(BackendDevice("gpu", "gpu", "llama.cpp layer offload"))
-    return BackendStatus("llamacpp", True, llama_cpp.__version__, tuple(devices), note=verdict.note())
+    return BackendStatus("llamacpp", True, llama_cpp.__version__, tuple(devices), note=verdict.describe())
 
 
 def probe_openvino() -> BackendStatus:

@@ -169,7 +169,9 @@ def _backend_config(backend: str) -> dict[str, Any] | None:
     from edge.devices.native_check import llamacpp_verdict
 
     verdict = llamacpp_verdict()
-    return None if verdict.config is None else {"name": verdict.config.name, "note": verdict.note() or None}
+    if verdict.config is None:
+        return None
+    return {"name": verdict.config.name, "why": verdict.describe(), "note": verdict.note() or None}
 
 
 def _explain(m: Any) -> str:
@@ -186,8 +188,7 @@ def _explain(m: Any) -> str:
     ]
     config = _backend_config(p.backend)
     if config is not None:
-        said = config["note"] or f"{config['name']}: passed its known-answer check"
-        lines.append(f"  llama.cpp: {said}")
+        lines.append(f"  llama.cpp: {config['why']}")
     if p.auto is not None:
         lines += ["  " + line for line in p.auto.explain().splitlines()]
         if p.auto.note:

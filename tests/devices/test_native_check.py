@@ -32,7 +32,7 @@ from edge.devices.native_check import (
 )
 from edge.errors import BackendUnavailableError
 from tests.reliability.ggufs import rewrite_gguf
-from tests.shared_cache import SHARED_CACHE
+from tests.shared_cache import SHARED_CACHE, share_models
 from tests.tiny_models import TinySpec, write_tiny_model
 
 DEFAULT, SAFE = CONFIGS
@@ -184,6 +184,25 @@ def test_a_failed_default_runs_the_safe_configuration_and_says_so(
     assert out["backend"] == "llamacpp" and out["n_tokens"] > 0
     assert out["backend_config"]["name"] == "no-extra-bufts" and why in out["backend_config"]["note"]
     assert "llama.cpp: extra buffer types off: the default failed its known-answer check" in stderr
+
+
+def test_the_configuration_that_runs_is_said_whatever_it_is(
+    tmp_path: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fault: the row and the run say which configuration runs (on this Zen 4, the default)."""
+    shared = share_models(tmp_path / "cache")  # the run's verdicts: checked once for every test
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(shared))
+    verdict = llamacpp_verdict()
+    assert verdict.config is not None, verdict.note()
+    said = verdict.describe()
+    if verdict.config == DEFAULT:
+        assert said == "default, extra buffer types on: passed its known-answer check"
+    status = devices_llamacpp(shared, None)
+    assert status["available"] and status["note"] == said
+    assert status["native_check"] == verdict.to_dict()
+    out, stderr = run_json(shared, None, tiny, "--backend", "llamacpp", "--explain")
+    assert out["backend_config"] == {"name": verdict.config.name, "why": said, "note": verdict.note() or None}
+    assert f"  llama.cpp: {said}" in stderr
 
 
 def test_every_configuration_failing_refuses_llamacpp(cache: Path, tiny: Path, tmp_path: Path) -> None:
