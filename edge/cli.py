@@ -306,7 +306,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     cpu = inv.cpu
     isa = " ".join(k for k, v in cpu.isa.items() if v) or "none of " + ", ".join(cpu.isa)
     console.print(
-        f"[bold]CPU[/] {cpu.model} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads"
+        f"[bold]CPU[/] {escape(cpu.model)} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads"
     )
     console.print(f"[bold]ISA[/] {isa}")
     console.print(f"[bold]Memory[/] {inv.memory_available_mb} MB free of {inv.memory_total_mb} MB · {inv.os}")
@@ -328,7 +328,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             status = f"[yellow]unavailable[/]: {escape(b.reason)}"
         if b.hint:
             status += f" ({escape(b.hint)})"
-        table.add_row(b.name, status, b.version, devs)
+        table.add_row(b.name, status, escape(b.version), escape(devs))
     console.print(table)
     if not probed:
         console.print("GB/s: not measured yet; `edge devices --probe` measures each device (a few seconds)")
