@@ -112,6 +112,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
         if p.auto is not None and p.auto.note:
             print(f"edge: note: {p.auto.note}", file=sys.stderr)
+        loaded = _backend_config(p.backend)
+        if loaded is not None and loaded["note"]:  # not as built: announced, as a device fallback is
+            print(f"edge: note: llama.cpp runs with {loaded['note']}", file=sys.stderr)
         if m.template is None and not args.raw:
             print(f"edge: note: {m.name} has no chat template; running as plain completion", file=sys.stderr)
         on_text = None if args.json else _stdout_writer()

@@ -184,6 +184,7 @@ def test_a_failed_default_runs_the_safe_configuration_and_says_so(
     assert out["backend"] == "llamacpp" and out["n_tokens"] > 0
     assert out["backend_config"]["name"] == "no-extra-bufts" and why in out["backend_config"]["note"]
     assert "llama.cpp: extra buffer types off: the default failed its known-answer check" in stderr
+    assert "edge: note: llama.cpp runs with extra buffer types off: the default failed" in stderr
 
 
 def test_the_configuration_that_runs_is_said_whatever_it_is(
