@@ -204,6 +204,9 @@ def test_the_configuration_that_runs_is_said_whatever_it_is(
     out, stderr = run_json(shared, None, tiny, "--backend", "llamacpp", "--explain")
     assert out["backend_config"] == {"name": verdict.config.name, "why": said, "note": verdict.note() or None}
     assert f"  llama.cpp: {said}" in stderr
+    from edge.bench import machine_info  # what edge bench records with its figures
+
+    assert machine_info(None)["backend_notes"]["llamacpp"] == said
 
 
 def test_every_configuration_failing_refuses_llamacpp(cache: Path, tiny: Path, tmp_path: Path) -> None:
