@@ -275,7 +275,7 @@ def _run_one(config: NativeConfig, work: _Work, timeout: float) -> Outcome:
     out = work.folder / f"out-{config.name}"
     out.mkdir(exist_ok=True)
     job = {"config": asdict(config), "files": [str(p) for p in work.files], "ids": work.ids, "out": str(out)}
-    cmd = [sys.executable, "-m", "edge.devices.native_check", json.dumps(job)]
+    cmd = [sys.executable, "-c", _CHILD, json.dumps(sys.path), json.dumps(job)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
@@ -286,7 +286,10 @@ def _run_one(config: NativeConfig, work: _Work, timeout: float) -> Outcome:
         return Outcome(config.name, False, _failure(proc), None, seconds)
     worst = 0.0
     for path in work.files:
-        logits = np.load(out / f"{path.stem}.npy")
+        try:
+            logits = np.load(out / f"{path.stem}.npy")
+        except (OSError, ValueError) as exc:
+            return Outcome(config.name, False, f"no logits for {path.stem}: {exc}", None, seconds)
         ref = work.reference(path)
         if logits.shape != ref.shape or not np.isfinite(logits).all():
             why = f"logits off on {path.stem}: shape {logits.shape} or non-finite values"
@@ -381,5 +384,10 @@ def _child(job: dict[str, Any]) -> None:
         np.save(out / f"{path.stem}.npy", np.concatenate(rows))
 
 
-if __name__ == "__main__":
-    _child(json.loads(sys.argv[1]))
+# the child imports edge from where the parent did (its sys.path), whatever put it there
+_CHILD = """
+import json, sys
+sys.path[:] = json.loads(sys.argv[1])
+from edge.devices.native_check import _child
+_child(json.loads(sys.argv[2]))
+"""
