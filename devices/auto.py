@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata, resources
 from pathlib import Path
@@ -236,18 +236,27 @@ def _fastest(speeds: Mapping[str, Speed], candidates: Sequence[str]) -> str:
     return min((b for b in candidates if b in speeds), key=lambda b: speeds[b].request_s())
 
 
-def available_backends() -> list[str]:
-    """The auto candidates whose SDK imports here (llama-cpp-python is an extra)."""
+def probe_candidates() -> tuple[list[str], dict[str, str]]:
+    """The auto candidates whose SDK imports here and runs (llama-cpp-python is an extra), and why an installed
+    one does not run (llama.cpp failing its known-answer check, devices/native_check.py)."""
     from edge.devices.registry import BACKENDS
 
-    out = []
+    out, refused = [], {}
     for b in AUTO_BACKENDS:
         try:
-            if BACKENDS[b].probe().available:
-                out.append(b)
+            status = BACKENDS[b].probe()
         except Exception:  # a broken SDK is an absent one here; naming it explicitly shows the error
             continue
-    return out
+        if status.available:
+            out.append(b)
+        elif status.version:  # it imports (a version) but is refused here
+            refused[b] = status.reason
+    return out, refused
+
+
+def available_backends() -> list[str]:
+    """The auto candidates whose SDK imports and runs here."""
+    return probe_candidates()[0]
 
 
 def own_graph_refusal(path: Path) -> str | None:
@@ -270,8 +279,19 @@ def choose_backend(
     threads: int | None = None,
     available: Sequence[str] | None = None,
 ) -> Choice:
-    """The backend `--backend auto` runs `path` (a GGUF file) on, on this machine's CPU."""
-    have = list(available_backends() if available is None else available)
+    """The backend `--backend auto` runs `path` (a GGUF file) on, on this machine's CPU; an installed backend
+    refused here (llama.cpp failing its known-answer check) is no candidate, and the note says so."""
+    have, refused = probe_candidates() if available is None else (list(available), {})
+    choice = _choose(path, precision, threads, have, refused)
+    if not refused or choice.backend in refused:
+        return choice
+    said = "; ".join(f"{b} is not a candidate: {why}" for b, why in refused.items())
+    return replace(choice, note=f"{choice.note}; {said}" if choice.note else said)
+
+
+def _choose(
+    path: Path, precision: str, threads: int | None, have: Sequence[str], refused: Mapping[str, str]
+) -> Choice:
     refusal = own_graph_refusal(path)
     if refusal is not None:
         note = f"{refusal}; llama.cpp runs it"
@@ -279,6 +299,12 @@ def choose_backend(
             raise ModelFormatError(
                 f"{refusal}: --precision exact needs edge's own graph, which does not run this file",
                 hint="use --precision fast (auto then runs it on llama.cpp)",
+            )
+        if "llamacpp" in refused:
+            from edge.devices.native_check import REFUSED_HINT
+
+            raise BackendUnavailableError(
+                f"{refusal}; only llama.cpp runs this file, and {refused['llamacpp']}", hint=REFUSED_HINT
             )
         if "llamacpp" not in have:
             raise BackendUnavailableError(

@@ -42,6 +42,7 @@ class BackendStatus:
     devices: tuple[BackendDevice, ...] = ()
     reason: str = ""  # why it is unavailable
     hint: str = ""  # how to make it available
+    note: str = ""  # how it runs here when not as built (llama.cpp: the configuration its check chose)
 
 
 @dataclass(frozen=True)
@@ -118,10 +119,19 @@ def probe_llamacpp() -> BackendStatus:
             reason=f"llama_cpp does not import: {exc}",
             hint='pip install "edge-llm[llamacpp]"',  # an extra: it builds llama.cpp from source
         )
+    from edge.devices.native_check import REFUSED_HINT, llamacpp_verdict
+
+    # its known-answer check (a child process, cached per build and CPU): a build that crashes or miscomputes
+    # here runs in the configuration that passed, or is unavailable
+    verdict = llamacpp_verdict()
+    if verdict.config is None:
+        return BackendStatus(
+            "llamacpp", False, llama_cpp.__version__, reason=f"llama.cpp {verdict.note()}", hint=REFUSED_HINT
+        )
     devices = [BackendDevice("cpu", "cpu", "llama.cpp CPU")]
     if llama_cpp.llama_supports_gpu_offload():
         devices.append(BackendDevice("gpu", "gpu", "llama.cpp layer offload"))
-    return BackendStatus("llamacpp", True, llama_cpp.__version__, tuple(devices))
+    return BackendStatus("llamacpp", True, llama_cpp.__version__, tuple(devices), note=verdict.describe())
 
 
 def probe_openvino() -> BackendStatus:

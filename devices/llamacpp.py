@@ -23,9 +23,12 @@ class LlamaCppOptions:
     n_threads: int | None = None  # None: physical cores
     device: str = "cpu"  # "cpu" | "gpu" (llama.cpp layer offload, when its build has it)
     seed: int = 0
+    # llama.cpp's use_extra_bufts model parameter: weights repacked for its matrix kernels (AMX, the CPU repack
+    # buffer); False keeps them as in the file. devices/native_check.py decides it per machine (issue #29)
+    extra_bufts: bool = True
 
 
-def _import_llama_cpp():  # type: ignore[no-untyped-def]
+def import_llama_cpp():  # type: ignore[no-untyped-def]
     try:
         import llama_cpp
     except Exception as exc:
@@ -39,7 +42,7 @@ _LOAD_LOCK = threading.Lock()
 
 
 class _NoChatFormatter:
-    """Stands in for llama-cpp-python's Jinja2ChatFormatter while a model loads (see _no_template_compile)."""
+    """Stands in for llama-cpp-python's Jinja2ChatFormatter while a model loads (see _loading)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         pass
@@ -52,18 +55,29 @@ class _NoChatFormatter:
 
 
 @contextlib.contextmanager
-def _no_template_compile(llama_cpp: object) -> Iterator[None]:
-    """llama-cpp-python compiles every chat template of the file when a model loads (for its chat API, which
+def _loading(llama_cpp: object, extra_bufts: bool) -> Iterator[None]:
+    """While a model loads: no chat template compiled, and the model parameters Llama() does not take.
+
+    llama-cpp-python compiles every chat template of the file when a model loads (for its chat API, which
     edge does not use) in a jinja2 sandbox without limits: `{{ 'x' * 800000000 }}` is folded at compile time
-    (3 GB, 8 s), a deep nesting raises a bare SyntaxError. edge renders templates itself, within limits."""
+    (3 GB, 8 s), a deep nesting raises a bare SyntaxError. edge renders templates itself, within limits.
+    Llama() builds its llama_model_params from llama_model_default_params() and has no use_extra_bufts
+    argument (0.3.36), so the defaults it reads are edge's for the load."""
     fmt = llama_cpp.llama_chat_format  # type: ignore[attr-defined]
+    low = llama_cpp.llama_cpp  # type: ignore[attr-defined]
     with _LOAD_LOCK:
-        saved = fmt.Jinja2ChatFormatter
-        fmt.Jinja2ChatFormatter = _NoChatFormatter
+        saved, saved_params = fmt.Jinja2ChatFormatter, low.llama_model_default_params
+
+        def params() -> object:
+            p = saved_params()
+            p.use_extra_bufts = extra_bufts
+            return p
+
+        fmt.Jinja2ChatFormatter, low.llama_model_default_params = _NoChatFormatter, params
         try:
             yield
         finally:
-            fmt.Jinja2ChatFormatter = saved
+            fmt.Jinja2ChatFormatter, low.llama_model_default_params = saved, saved_params
 
 
 class LlamaCppDecoder:
@@ -74,7 +88,7 @@ class LlamaCppDecoder:
     def __init__(self, model: CheckedModel | str | Path, options: LlamaCppOptions | None = None) -> None:
         opts = options or LlamaCppOptions()
         path = as_checked(model).source().path  # llama.cpp reads only what edge's checks passed
-        llama_cpp = _import_llama_cpp()
+        llama_cpp = import_llama_cpp()
         if opts.device not in ("cpu", "gpu"):
             raise DeviceError(f"llamacpp runs on cpu or gpu, not {opts.device!r}", hint="use --device cpu")
         if opts.device == "gpu" and not llama_cpp.llama_supports_gpu_offload():
@@ -86,7 +100,7 @@ class LlamaCppDecoder:
 
         threads = opts.n_threads or psutil.cpu_count(logical=False) or 1
         try:
-            with _no_template_compile(llama_cpp):
+            with _loading(llama_cpp, opts.extra_bufts):
                 self._llama = llama_cpp.Llama(
                     model_path=str(path),
                     n_ctx=opts.n_ctx,

@@ -333,10 +333,10 @@ def _open_auto(model: CheckedModel, placement: Placement, dopts: DecoderOptions)
             raise
         try:
             decoder = open_decoder("llamacpp", model, "cpu", dopts)
-        except BackendUnavailableError:
+        except BackendUnavailableError as refused:  # not installed, or failing its known-answer check here
             raise ModelFormatError(
-                f"{exc.message}; only llama.cpp may run this file, and llama-cpp-python is not installed",
-                hint=INSTALL_LLAMACPP,
+                f"{exc.message}; only llama.cpp may run this file, and {refused.message}",
+                hint=refused.hint or INSTALL_LLAMACPP,
             ) from None
         note = f"{exc.message}; llama.cpp runs it"
         choice = Choice("llamacpp", "refused", "edge's own graphs do not run this file", note=note)

@@ -61,10 +61,16 @@ RunnerFactory = Callable[[Path, RunnerOptions], Runner]
 
 def _llamacpp(model: CheckedModel, device: str, opts: DecoderOptions) -> Decoder:
     from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
+    from edge.devices.native_check import llamacpp_config
 
     # an `edge convert` artifact: llama.cpp runs the GGUF it was converted from, checked as any other
     source = model.source()
-    return LlamaCppDecoder(source, LlamaCppOptions(n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device))
+    # the configuration that passed its known-answer check here (a child process, once per build and CPU)
+    config = llamacpp_config()
+    lopts = LlamaCppOptions(
+        n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device, extra_bufts=config.extra_bufts
+    )
+    return LlamaCppDecoder(source, lopts)
 
 
 def _graph(backend: str) -> BackendFactory:

@@ -436,6 +436,8 @@ def machine_info(threads: int | None) -> dict[str, Any]:
             **{b.name: b.version for b in inv.backends if b.available},
         },
         "backends_unavailable": {b.name: b.reason for b in inv.backends if not b.available},
+        # how a backend runs here (llama.cpp: the configuration that passed its known-answer check)
+        "backend_notes": {b.name: b.note for b in inv.backends if b.note},
     }
 
 

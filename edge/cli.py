@@ -151,6 +151,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
         if p.auto is not None and p.auto.note:
             print(f"edge: note: {p.auto.note}", file=sys.stderr)
+        loaded = _backend_config(p.backend)
+        if loaded is not None and loaded["note"]:  # not as built: announced, as a device fallback is
+            print(f"edge: note: llama.cpp runs with {loaded['note']}", file=sys.stderr)
         if m.template is None and not args.raw:
             print(f"edge: note: {m.name} has no chat template; running as plain completion", file=sys.stderr)
         on_text = None if args.json else _stdout_writer()
@@ -177,6 +180,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "device": result.device,
             "fallback": result.fallback,
             "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
+            "backend_config": _backend_config(result.backend),
             "precision": precision,
             "draft": None
             if s.draft is None
@@ -208,6 +212,19 @@ def _response_format(args: argparse.Namespace) -> Any:
     return None if args.json_schema is None else schema_file(args.json_schema)
 
 
+def _backend_config(backend: str) -> dict[str, Any] | None:
+    """How llama.cpp was loaded here: the configuration that passed its known-answer check (None: another
+    backend). The check ran before the load, so this reads its cached verdict."""
+    if backend != "llamacpp":
+        return None
+    from edge.devices.native_check import llamacpp_verdict
+
+    verdict = llamacpp_verdict()
+    if verdict.config is None:
+        return None
+    return {"name": verdict.config.name, "why": verdict.describe(), "note": verdict.note() or None}
+
+
 def _explain(m: Any) -> str:
     """The plan of `edge run --explain`: the planner's when the request went through it, else the one device
     (and, with --backend auto, which backend and why)."""
@@ -220,6 +237,9 @@ def _explain(m: Any) -> str:
         f"plan: {m.name} whole model on {p.backend}:{p.device}{note}; one partition ({what})",
         "  why: one device was asked for; --device auto or hetero:A,B plan from measured device speeds",
     ]
+    config = _backend_config(p.backend)
+    if config is not None:
+        lines.append(f"  llama.cpp: {config['why']}")
     if p.auto is not None:
         lines += ["  " + line for line in p.auto.explain().splitlines()]
         if p.auto.note:
@@ -319,19 +339,24 @@ def cmd_devices(args: argparse.Namespace) -> int:
         data = inv.to_dict()
         for b in data["backends"]:  # discovered is not the same as able to run a model in this version
             b["runs_models"] = b["available"] and b["name"] in runnable
+            if b["name"] == "llamacpp" and b["version"]:  # it imports: its known-answer check's verdict
+                from edge.devices.native_check import llamacpp_verdict
+
+                b["native_check"] = llamacpp_verdict().to_dict()
             for d in b["devices"]:
                 gbs = probed.get((b["name"], d["name"]))
                 d["probe_gb_s"] = None if gbs is None else round(gbs, 2)
         print(json.dumps(data))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     cpu = inv.cpu
     isa = " ".join(k for k, v in cpu.isa.items() if v) or "none of " + ", ".join(cpu.isa)
     console.print(
-        f"[bold]CPU[/] {cpu.model} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads"
+        f"[bold]CPU[/] {escape(cpu.model)} ({cpu.arch}), {cpu.physical_cores} cores / {cpu.logical_cores} threads"
     )
     console.print(f"[bold]ISA[/] {isa}")
     console.print(f"[bold]Memory[/] {inv.memory_available_mb} MB free of {inv.memory_total_mb} MB · {inv.os}")
@@ -343,14 +368,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
             + ")"
             for d in b.devices
         )
+        # reasons, notes and hints are printed as written: `edge-llm[llamacpp]` is not markup
         if b.available:
             runs = b.name in runnable
             status = "[green]ready[/]" if runs else "found (no model runner in this version)"
+            if b.note:
+                status += f" ({escape(b.note)})"
         else:
-            status = f"[yellow]unavailable[/]: {b.reason}"
+            status = f"[yellow]unavailable[/]: {escape(b.reason)}"
         if b.hint:
-            status += f" ({b.hint})"
-        table.add_row(b.name, status, b.version, devs)
+            status += f" ({escape(b.hint)})"
+        table.add_row(b.name, status, escape(b.version), escape(devs))
     console.print(table)
     if not probed:
         console.print("GB/s: not measured yet; `edge devices --probe` measures each device (a few seconds)")

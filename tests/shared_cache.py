@@ -14,16 +14,23 @@ from edge.models.store import cache_dir, resolve_model
 SHARED_CACHE = cache_dir()
 
 
+# Shared with every private cache: the catalog models, and llama.cpp's known-answer verdicts
+# (devices/native_check.py: keyed by build and CPU, so one check serves the whole run)
+SHARED_FOLDERS = ("models", "native-check")
+
+
 def share_models(private: Path) -> Path:
     """Make `private` (a private EDGE_CACHE_DIR) use the shared cache's model folder: catalog models verified
-    there are used as they are, and one pulled while the private cache is set lands there too. Graphs, plans
-    and compiled artifacts stay private. Returns `private`."""
-    shared = SHARED_CACHE / "models"
-    shared.mkdir(parents=True, exist_ok=True)
+    there are used as they are, and one pulled while the private cache is set lands there too; llama.cpp's
+    known-answer verdicts are shared the same way. Graphs, plans and compiled artifacts stay private.
+    Returns `private`."""
     private.mkdir(parents=True, exist_ok=True)
-    link = private / "models"
-    if not link.exists():
-        os.symlink(shared, link, target_is_directory=True)
+    for name in SHARED_FOLDERS:
+        shared = SHARED_CACHE / name
+        shared.mkdir(parents=True, exist_ok=True)
+        link = private / name
+        if not link.exists():
+            os.symlink(shared, link, target_is_directory=True)
     return private
 
 

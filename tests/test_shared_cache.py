@@ -25,6 +25,8 @@ def test_a_private_cache_uses_the_shared_model_files(
         assert path.samefile(shared[name])
     # a model pulled while the private cache is set lands in the shared one (the same folder)
     assert (edge_cache / "models").samefile(SHARED_CACHE / "models")
+    # so is llama.cpp's known-answer verdict (devices/native_check.py): one check for the whole run
+    assert (edge_cache / "native-check").samefile(SHARED_CACHE / "native-check")
     assert not (edge_cache / "graphs").exists() or not (edge_cache / "graphs").samefile(
         SHARED_CACHE / "graphs"
     )

@@ -74,6 +74,15 @@ def test_the_prelude_really_hides_llama_cpp(cache: Path) -> None:
     assert backends["ort"]["available"] and backends["openvino"]["available"]
 
 
+def test_devices_prints_the_install_hint_as_written(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table's hint is text, not rich markup: `[llamacpp]` is printed, not swallowed as a style tag."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line a row
+    proc = edge_without_llamacpp(cache, "devices")
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.lstrip("│ ").startswith("llamacpp"))
+    assert f"({INSTALL})" in row and "No module named 'llama_cpp'" in row, proc.stdout
+
+
 def test_auto_runs_on_an_own_graph(cache: Path, tiny: Path) -> None:
     proc = edge_without_llamacpp(cache, "run", str(tiny), "w1 w2", "--raw", "--max-tokens", "4", "--json")
     assert proc.returncode == 0, proc.stderr
