@@ -104,7 +104,10 @@ def configurations() -> tuple[NativeConfig, ...]:
         name, _, fault = item.partition("=")
         if name not in {c.name for c in CONFIGS} or fault not in FAULTS:
             names = ", ".join(c.name for c in CONFIGS)
-            raise ValueError(f"{FAULT_ENV}: {item!r} is not CONFIG=FAULT (configs {names}; faults {FAULTS})")
+            raise BackendUnavailableError(
+                f"{FAULT_ENV}: {item!r} is not CONFIG=FAULT (configs {names}; faults {FAULTS})",
+                hint=f"unset {FAULT_ENV}: it is a test seam",
+            )
         faults[name] = fault
     return tuple(replace(c, fault=faults.get(c.name)) for c in CONFIGS)
 
@@ -302,6 +305,15 @@ def _run_one(config: NativeConfig, work: _Work, timeout: float) -> Outcome:
     return Outcome(config.name, True, "", round(worst, 5), seconds)
 
 
+# what a build does again on this CPU: a crash by one of these signals, or logits off. A timeout, a kill
+# (the OOM killer's SIGKILL) or an exit status (an import failing) may be the moment's, so it is checked again
+LASTING_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT", "SIGFPE")
+
+
+def _lasting(outcome: Outcome) -> bool:
+    return outcome.passed or outcome.failure in LASTING_SIGNALS or outcome.failure.startswith("logits off")
+
+
 _LOCK = threading.Lock()  # one check at a time in a process (the server opens models from threads)
 
 
@@ -323,7 +335,8 @@ def llamacpp_verdict(configs: Sequence[NativeConfig] | None = None, *, timeout: 
                         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-native-"))
                         work = _Work(Path(folder))
                     outcome, ran = _run_one(config, work, timeout), True
-                    _remember(key, outcome)
+                    if _lasting(outcome):
+                        _remember(key, outcome)
                 outcomes.append(outcome)
                 if outcome.passed:
                     return Verdict(config, tuple(outcomes), ran, table)

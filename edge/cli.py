@@ -113,6 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             prompt = positional[0]
     if prompt is None:
         if _is_tty(sys.stdin):
+            if args.json_schema or args.json_object:  # the chat app takes no schema: never drop it
+                raise EdgeError(
+                    "--json-schema and --json-object need a PROMPT", hint='edge run --json-object "..."'
+                )
             return _open_chat(model, args)  # no prompt on a terminal: the chat app
         prompt = _stdin_text()
     if not prompt.strip():
@@ -293,10 +297,10 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
 def cmd_tokenize(args: argparse.Namespace) -> int:
     from edge.models.checked import check_model
 
+    if sys.stdin is None and (args.jsonl or args.text is None):  # before the model is read
+        raise EdgeError("standard input is closed: no text to tokenize", hint="pass TEXT, or text on stdin")
     tok = check_model(args.model).tokenizer
     if args.jsonl:
-        if sys.stdin is None:
-            raise EdgeError("standard input is closed: no text to tokenize", hint="one JSON string per line")
         for lineno, line in enumerate(sys.stdin.buffer, 1):
             if not line.strip():
                 continue

@@ -138,8 +138,52 @@ def _only_keys(value: Mapping[str, Any], known: set[str], where: str) -> None:
         raise GrammarError(f"{where} has unknown keys {unknown}", hint=f"known: {', '.join(sorted(known))}")
 
 
+# JSON Schema's vocabulary (2020-12 with draft 7's spellings): a key outside it constrains nothing in a
+# validator, so a misspelt keyword ("propertis") would leave the answer silently unconstrained
+KEYWORDS = frozenset(
+    "$schema $id $ref $defs $anchor $dynamicRef $dynamicAnchor $vocabulary $comment $recursiveRef "
+    "$recursiveAnchor definitions type enum const multipleOf maximum exclusiveMaximum minimum exclusiveMinimum "
+    "maxLength minLength pattern format maxItems minItems uniqueItems maxContains minContains maxProperties "
+    "minProperties required dependentRequired dependencies properties patternProperties additionalProperties "
+    "propertyNames items prefixItems additionalItems contains unevaluatedItems unevaluatedProperties allOf "
+    "anyOf oneOf not if then else dependentSchemas title description default examples deprecated readOnly "
+    "writeOnly contentEncoding contentMediaType contentSchema".split()
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = (
+    "additionalProperties propertyNames contains unevaluatedItems unevaluatedProperties not if then else "
+    "additionalItems contentSchema items"
+).split()
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+
+
+def unknown_keywords(schema: Any, path: str = "#") -> list[str]:
+    """JSON pointers of the keys that are no JSON Schema keyword (extensions named `x-...` are allowed)."""
+    if not isinstance(schema, Mapping):
+        return []
+    found = [f"{path}/{k}" for k in schema if k not in KEYWORDS and not str(k).startswith("x-")]
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), Mapping):
+            for name, sub in schema[key].items():
+                found += unknown_keywords(sub, f"{path}/{key}/{name}")
+    for key in _SCHEMA_ONE:
+        found += unknown_keywords(schema.get(key), f"{path}/{key}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                found += unknown_keywords(sub, f"{path}/{key}/{i}")
+    return found
+
+
 def check_schema(schema: Mapping[str, Any]) -> None:
-    """A schema that is not valid JSON Schema (2020-12 meta-schema) is an error naming the keyword's path."""
+    """A schema that is not valid JSON Schema (2020-12 meta-schema), or holds a key that is no keyword (a
+    misspelling a validator would ignore), is an error naming the key's path."""
+    unknown = unknown_keywords(schema)
+    if unknown:
+        raise GrammarError(
+            f"not a JSON Schema keyword: {', '.join(unknown[:8])}",
+            hint="fix its spelling, or name an extension x-...",
+        )
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)

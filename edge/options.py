@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
+from edge.errors import GrammarError
 from edge.generate import GenerationConfig
 from edge.grammar import Grammar, grammar_of
 from edge.sampling import SamplingConfig
@@ -63,6 +64,11 @@ class GenerateOptions:
             seed=self.seed,
         )
         grammar = None if self.response_format is None else grammar_of(self.response_format)
+        if grammar is not None and self.stop:  # a stop string would cut the value short of its schema
+            raise GrammarError(
+                "stop strings cannot be combined with response_format",
+                hint="drop stop: the answer ends where its JSON value is complete",
+            )
         return GenerationConfig(
             max_tokens=self.max_tokens, stop=tuple(self.stop), sampling=sampling, grammar=grammar
         )

@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from edge.server.registry import Registry
-from edge.server.security import ASGIApp, Receive, Scope, Send
+if TYPE_CHECKING:  # `edge serve --help` and every other command import this module: keep it light
+    from edge.server.registry import Registry
+    from edge.server.security import ASGIApp, Receive, Scope, Send
 
 __all__ = ["Drain"]
 
@@ -37,16 +39,17 @@ class Drain:
         self.grace_s = grace_s
         self._on_drained = on_drained
         self.stopping = False  # the handlers start no new generation once it is set
-        self.in_flight = 0  # HTTP requests not answered yet (counted by `track`)
+        self.in_flight = 0  # POST requests (generations) not answered yet (counted by `track`)
         self._asks = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._asked: asyncio.Event | None = None
 
     def track(self, app: ASGIApp) -> ASGIApp:
-        """`app`, counting the HTTP requests in flight (until their response is written)."""
+        """`app`, counting the generation requests in flight (until their response is written)."""
 
         async def tracked(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http":
+            # only generations hold the drain: a load balancer polling /health must not keep it waiting
+            if scope["type"] != "http" or scope.get("method") != "POST":
                 await app(scope, receive, send)
                 return
             self.in_flight += 1
@@ -77,6 +80,14 @@ class Drain:
         if self._asks:  # asked before the loop ran
             self._begin()
         await self._asked.wait()
+        try:
+            await self._drain()
+        except Exception:  # the server must still exit: a signal is all the user has to stop it
+            log.exception("the drain failed; stopping now")
+        finally:
+            self._on_drained()
+
+    async def _drain(self) -> None:
         running, queued = self._counts()
         log.info(
             "stopping: %d running and %d queued request(s) get %.1f s to finish (Ctrl+C again: end them now)",
@@ -93,7 +104,6 @@ class Drain:
                 running, queued,
             )  # fmt: skip
             await self._settle(CUT_S, hurry=False)
-        self._on_drained()
 
     async def _settle(self, seconds: float, *, hurry: bool) -> None:
         """Until no request is in flight, `seconds` have passed, or (`hurry`) `ask()` came again."""

@@ -21,9 +21,6 @@ from dataclasses import replace
 from types import FrameType
 from typing import Any
 
-import uvicorn
-from uvicorn.server import HANDLED_SIGNALS
-
 from edge.server.config import Limits, LoadSettings, ServerConfig, check_bind
 from edge.server.drain import Drain
 
@@ -44,30 +41,32 @@ def _log_to_stderr() -> None:
         log.propagate = False
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn, whose SIGINT/SIGTERM start edge's drain instead of its own shutdown.
+def _uvicorn_server(config: Any, on_signal: Callable[[], None]) -> Any:
+    """uvicorn, whose SIGINT/SIGTERM start edge's drain instead of its own shutdown (uvicorn is imported here,
+    not by every `edge` command that parses its options).
     NOTE: uvicorn's handler sets `should_exit` at once (sse-starlette then cancels every stream), and after
     serving re-raises the signal (exit status 143 for a SIGTERM, a KeyboardInterrupt for a SIGINT)."""
+    import uvicorn
+    from uvicorn.server import HANDLED_SIGNALS
 
-    def __init__(self, config: uvicorn.Config, on_signal: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_signal = on_signal
+    class _Uvicorn(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield  # only the main thread receives signals: a server in a thread stops by `Server.stop()`
+                return
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield  # only the main thread receives signals: a server in a thread stops by `Server.stop()`
-            return
+            def handle(sig: int, frame: FrameType | None) -> None:
+                on_signal()
 
-        def handle(sig: int, frame: FrameType | None) -> None:
-            self._on_signal()
+            originals = {sig: signal.signal(sig, handle) for sig in HANDLED_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, original in originals.items():
+                    signal.signal(sig, original)
 
-        originals = {sig: signal.signal(sig, handle) for sig in HANDLED_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, original in originals.items():
-                signal.signal(sig, original)
+    return _Uvicorn(config)
 
 
 class Server:
@@ -91,6 +90,8 @@ class Server:
             self.registry.close()
             raise
         self.port: int = self._sock.getsockname()[1]
+        import uvicorn
+
         uv = uvicorn.Config(
             create_app(config, self.registry, self.drain),
             log_level=log_level,
@@ -98,7 +99,7 @@ class Server:
             lifespan="on",
             access_log=log_level in ("info", "debug"),
         )
-        self._server = _Uvicorn(uv, on_signal=self.drain.ask)
+        self._server = _uvicorn_server(uv, on_signal=self.drain.ask)
         self._thread: threading.Thread | None = None
 
     @property

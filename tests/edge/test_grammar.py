@@ -48,12 +48,27 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ({"enum": []}, "Unsatisfiable"),
         ({"anyOf": []}, "not a valid JSON Schema"),
         ({"type": "string", "pattern": "(a|b"}, "regex"),
+        (
+            {"type": "object", "propertis": {"a": {"type": "integer"}}},
+            "not a JSON Schema keyword: #/propertis",
+        ),
+        ({"properties": {"propertis": {"minimun": 3}}}, "#/properties/propertis/minimun"),
+        ({"anyOf": [{"type": "string"}, {"typ": "null"}]}, "#/anyOf/1/typ"),
     ],
 )
 def test_a_schema_the_engine_cannot_enforce_is_refused_naming_it(schema: dict, needle: str) -> None:
     with pytest.raises(GrammarError) as err:
         Grammar.json_schema(schema)
     assert needle in str(err.value), err.value
+
+
+def test_extensions_and_annotations_are_keywords() -> None:
+    Grammar.json_schema({"type": "string", "title": "t", "x-order": 1, "$comment": "c", "examples": ["a"]})
+
+
+def test_stop_strings_and_a_schema_do_not_mix() -> None:
+    with pytest.raises(GrammarError, match="stop strings cannot be combined"):
+        edge.GenerateOptions(stop=("}",), response_format={"type": "json_object"}).config()
 
 
 def test_a_schema_too_large_is_refused_before_compiling() -> None:
