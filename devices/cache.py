@@ -17,7 +17,6 @@ its older graphs by file name, which they record.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from edge.devices.graph_decoder import GRAPH_FORMAT
 from edge.devices.partitioned import COMPILED_SOURCE, compile_cache_dir
 from edge.devices.planned import PLAN_FORMAT
 from edge.errors import EdgeError, ModelNotFoundError
-from edge.models.catalog import CATALOG
+from edge.models.catalog import CATALOG, near_names
 from edge.models.jsonstore import read_json
 from edge.models.store import cache_dir, model_path
 
@@ -323,9 +322,11 @@ def _looks_like_path(arg: str) -> bool:
 
 
 def _unknown(model: str) -> ModelNotFoundError:
-    close = difflib.get_close_matches(model, list(CATALOG), n=1)
+    close = near_names(model)
     names = ", ".join(CATALOG)
-    hint = (f"did you mean {close[0]}? " if close else "") + f"catalog: {names}; or a path to a .gguf"
+    hint = (
+        f"did you mean {' or '.join(close)}? " if close else ""
+    ) + f"catalog: {names}; or a path to a .gguf"
     return ModelNotFoundError(f"no model named {model!r} in the catalog and no such file", hint=hint)
 
 

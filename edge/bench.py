@@ -39,10 +39,10 @@ from edge.errors import EdgeError
 from edge.models.artifact import is_artifact
 from edge.models.checked import CheckedModel, check_model
 from edge.models.tokenizer import Tokenizer
+from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
 
 if TYPE_CHECKING:
     from edge.grammar import Grammar
-from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
 
 __all__ = ["BenchConfig", "BenchReport", "Stat", "bench_prompt", "run_bench", "total_steps"]
 
@@ -397,14 +397,15 @@ def _constrained_decode(
     forward of the last token, the mask, the masked argmax and the grammar's advance (what a constrained
     generation pays a token): (steps, seconds). Stops at gen_tokens or when the grammar's value is complete."""
     from edge.grammar import compile_grammar
-    from edge.sampling import mask_logits
+    from edge.sampling import Sampler, SamplingConfig
 
     assert cfg.grammar is not None
     dec.reset()
     constraint = compile_grammar(cfg.grammar, model.tokenizer, dec.vocab_size)
+    greedy = Sampler(SamplingConfig())  # the generation loop's own masked draw
 
     def choose(row: np.ndarray) -> int:
-        token = int(np.argmax(mask_logits(row, constraint.allowed())))
+        token = greedy(row, (), constraint.allowed())
         constraint.advance(token)
         return token
 

@@ -49,33 +49,20 @@ def _stdin_text(what: str = "prompt") -> str:
 def _is_model_arg(value: str) -> bool:
     """A lone argument names a model when it is one; one that only looks like a model name (a near miss of a
     catalog name, a .gguf path that is not there) is an error, not a prompt sent to the default model."""
-    from edge.models.catalog import CATALOG, DEFAULT_MODEL
+    from edge.models.catalog import CATALOG, DEFAULT_MODEL, near_names
 
     artifact = os.path.isfile(os.path.join(value, "manifest.json"))  # edge convert -o DIR
     if value in CATALOG or os.path.isfile(value) or artifact:
         return True
     if value.endswith(".gguf"):
         return True  # the loader says the file is missing
-    near = _near_model_names(value)
+    near = near_names(value)
     if near:
         raise ModelNotFoundError(
             f"no model named {value!r}; did you mean {' or '.join(near)}?",
             hint=f'to send it as a prompt, name the model first: edge run {DEFAULT_MODEL} "{value}"',
         )
     return False
-
-
-def _near_model_names(value: str) -> list[str]:
-    """Catalog names `value` (one word) is a near miss or a prefix of: `qwen2.5-coder-1.5`, `smollm2`."""
-    import difflib
-
-    from edge.models.catalog import CATALOG
-
-    if not value or any(c.isspace() for c in value):
-        return []
-    word = value.lower()
-    prefixed = [n for n in CATALOG if len(word) >= 4 and n.startswith(word)]
-    return prefixed or difflib.get_close_matches(word, list(CATALOG), n=2, cutoff=0.75)
 
 
 # -- edge run --------------------------------------------------------------------------------------
@@ -96,6 +83,7 @@ def _draft_json(
 
 def cmd_run(args: argparse.Namespace) -> int:
     from edge.api import load
+    from edge.grammar import cli_grammar
     from edge.options import GenerateOptions
 
     positional: list[str] = args.args
@@ -133,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         repeat_penalty=args.repeat_penalty,
         seed=args.seed,
         stop=tuple(args.stop or ()),
-        response_format=_response_format(args),
+        response_format=cli_grammar(args.json_schema, args.json_object),
     ).config()
     with load(
         model,
@@ -205,15 +193,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _response_format(args: argparse.Namespace) -> Any:
-    """--json-schema FILE / --json-object as an edge.Grammar (checked here, before the model loads)."""
-    from edge.grammar import Grammar, schema_file
-
-    if args.json_object:
-        return Grammar.json_object()
-    return None if args.json_schema is None else schema_file(args.json_schema)
 
 
 def _backend_config(backend: str) -> dict[str, Any] | None:

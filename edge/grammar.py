@@ -33,6 +33,7 @@ __all__ = [
     "Constraint",
     "Grammar",
     "check_grammar",
+    "cli_grammar",
     "compile_grammar",
     "grammar_of",
     "schema_file",
@@ -88,6 +89,13 @@ class Grammar:
         return value
 
 
+def cli_grammar(json_schema: str | None, json_object: bool) -> Grammar | None:
+    """`--json-schema FILE` / `--json-object` of edge run and edge bench (None: neither given)."""
+    if json_object:
+        return Grammar.json_object()
+    return None if json_schema is None else schema_file(json_schema)
+
+
 def schema_file(path: str) -> Grammar:
     """The JSON Schema in the file at `path` (edge run / edge bench --json-schema FILE)."""
     try:
@@ -141,19 +149,86 @@ def _only_keys(value: Mapping[str, Any], known: set[str], where: str) -> None:
 # JSON Schema's vocabulary (2020-12 with draft 7's spellings): a key outside it constrains nothing in a
 # validator, so a misspelt keyword ("propertis") would leave the answer silently unconstrained
 KEYWORDS = frozenset(
-    "$schema $id $ref $defs $anchor $dynamicRef $dynamicAnchor $vocabulary $comment $recursiveRef "
-    "$recursiveAnchor definitions type enum const multipleOf maximum exclusiveMaximum minimum exclusiveMinimum "
-    "maxLength minLength pattern format maxItems minItems uniqueItems maxContains minContains maxProperties "
-    "minProperties required dependentRequired dependencies properties patternProperties additionalProperties "
-    "propertyNames items prefixItems additionalItems contains unevaluatedItems unevaluatedProperties allOf "
-    "anyOf oneOf not if then else dependentSchemas title description default examples deprecated readOnly "
-    "writeOnly contentEncoding contentMediaType contentSchema".split()
+    [
+        "$schema",
+        "$id",
+        "$ref",
+        "$defs",
+        "$anchor",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$vocabulary",
+        "$comment",
+        "$recursiveRef",
+        "$recursiveAnchor",
+        "definitions",
+        "type",
+        "enum",
+        "const",
+        "multipleOf",
+        "maximum",
+        "exclusiveMaximum",
+        "minimum",
+        "exclusiveMinimum",
+        "maxLength",
+        "minLength",
+        "pattern",
+        "format",
+        "maxItems",
+        "minItems",
+        "uniqueItems",
+        "maxContains",
+        "minContains",
+        "maxProperties",
+        "minProperties",
+        "required",
+        "dependentRequired",
+        "dependencies",
+        "properties",
+        "patternProperties",
+        "additionalProperties",
+        "propertyNames",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "contains",
+        "unevaluatedItems",
+        "unevaluatedProperties",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+    ]
 )
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = (
-    "additionalProperties propertyNames contains unevaluatedItems unevaluatedProperties not if then else "
-    "additionalItems contentSchema items"
-).split()
+_SCHEMA_ONE = [
+    "additionalProperties",
+    "propertyNames",
+    "contains",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "additionalItems",
+    "contentSchema",
+    "items",
+]
 _SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 
 

@@ -18,7 +18,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from edge.bench import BenchConfig, run_bench, total_steps
     from edge.bench_report import batch_lines, bench_table, check_plot, partition_lines, write_plot
-    from edge.grammar import Grammar, schema_file
+    from edge.grammar import cli_grammar
 
     if args.plot:
         check_plot()
@@ -42,9 +42,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft_k=args.draft_k,
         plans=tuple(args.plan or ()),
         precision=args.precision,
-        grammar=Grammar.json_object()
-        if args.json_object
-        else (None if args.json_schema is None else schema_file(args.json_schema)),
+        grammar=cli_grammar(args.json_schema, args.json_object),
     )
     err = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))

@@ -93,3 +93,16 @@ CATALOG: dict[str, CatalogEntry] = {
 }
 
 DEFAULT_MODEL = "smollm2-135m"
+
+
+def near_names(value: str) -> list[str]:
+    """Catalog names `value` is a near miss of, for "did you mean": names it is a prefix of (4 characters or
+    more: `smollm2`), else the difflib-close ones (`qwen2.5-coder-1.5`, `smolm2-135m`); none for text with
+    spaces (a prompt)."""
+    import difflib
+
+    word = value.lower()
+    if not word or any(c.isspace() for c in word):
+        return []
+    prefixed = [n for n in CATALOG if len(word) >= 4 and n.startswith(word)]
+    return prefixed or difflib.get_close_matches(word, list(CATALOG), n=2, cutoff=0.75)

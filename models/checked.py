@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from edge.models.arch import check_block_count
@@ -41,8 +42,11 @@ class CheckedModel:
 
     def source(self) -> CheckedModel:
         """The GGUF itself: an artifact's source file (llama.cpp runs that), checked, else this model."""
-        if self.artifact is None:
-            return self
+        return self if self.artifact is None else self._source
+
+    @cached_property
+    def _source(self) -> CheckedModel:  # once: finding the source hashes the whole file
+        assert self.artifact is not None
         return _check_path(self.artifact.source_path(), self.name)
 
 

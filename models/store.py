@@ -11,7 +11,7 @@ from typing import TypeAlias
 import platformdirs
 
 from edge.errors import ModelNotFoundError
-from edge.models.catalog import CATALOG, CatalogEntry
+from edge.models.catalog import CATALOG, CatalogEntry, near_names
 
 # What a pull reports (models.pull): (done_bytes, total_bytes, phase); phase is "download" while the file
 # arrives, then "verified" once, when its SHA-256 matched the catalog's.
@@ -81,10 +81,8 @@ def resolve_model(model: str, *, pull_missing: bool = True, on_progress: PullPro
         return path
     if path.exists():
         raise ModelNotFoundError(f"{model!r} is not a regular file", hint="pass a .gguf file")
-    import difflib
-
     names = ", ".join(CATALOG)
-    near = difflib.get_close_matches(model.lower(), list(CATALOG), n=2, cutoff=0.75)
+    near = near_names(model)
     meant = f"; did you mean {' or '.join(near)}?" if near else ""
     raise ModelNotFoundError(
         f"no model named {model!r} and no such file{meant}",

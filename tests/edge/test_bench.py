@@ -221,3 +221,20 @@ def test_eval_test_chunk_scores_the_decode_path() -> None:
     assert r["test_chunk"] == 1 and r["kl_mean"] < 1e-6 and r["top1_agree"] == 1.0
     bad = _edge("eval", "smollm2-135m", "--test-chunk", "0")
     assert bad.returncode != 0 and "--test-chunk must be >= 1" in bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_json_schema_measures_the_masks_cost_in_the_same_round(tmp_path: Path) -> None:
+    schema = tmp_path / "s.json"
+    schema.write_text(
+        json.dumps({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+    )
+    args = ("--repeat", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--json", "-")
+    proc = _edge("bench", "smollm2-135m", "--backends", "llamacpp,ort", "--json-schema", str(schema), *args)
+    assert proc.returncode == 0, proc.stderr
+    for r in json.loads(proc.stdout)["results"]:
+        steps = r["samples"]["constrained_steps"][0]
+        assert 1 <= steps <= 24 and r["constrained_decode_tok_s"] > 0 and r["ratio_constrained_decode"] > 0
+        assert f"{r['backend']}: decode under the grammar's mask" in proc.stderr
+    bad = _edge("bench", "smollm2-135m", "--json-schema", str(tmp_path / "none.json"), *args)
+    assert bad.returncode == 1 and "cannot read --json-schema" in bad.stderr
