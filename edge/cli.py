@@ -148,6 +148,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"edge: note: llama.cpp runs with {loaded['note']}", file=sys.stderr)
         if m.template is None and not args.raw:
             print(f"edge: note: {m.name} has no chat template; running as plain completion", file=sys.stderr)
+        if config.grammar is not None and args.draft not in ("auto", "none"):
+            print(
+                f"edge: note: --draft {args.draft} is off for --json-schema (drafts are not masked)",
+                file=sys.stderr,
+            )
         on_text = None if args.json else _stdout_writer()
         try:
             result = m.generate(prompt, config, raw=args.raw, on_text=on_text)

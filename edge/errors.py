@@ -47,6 +47,10 @@ class GrammarError(EdgeError):
     """A schema or grammar for constrained output is invalid, cannot be enforced, or admits no token."""
 
 
+class ConstraintError(EdgeError):
+    """Constrained decoding failed mid-answer (the engine's state, not the request's schema): a server error."""
+
+
 class DeviceError(EdgeError):
     """A requested device or backend is not available."""
 

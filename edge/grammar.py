@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge.errors import GrammarError
+from edge.errors import ConstraintError, GrammarError
 
 if TYPE_CHECKING:
     from edge.models.tokenizer import Tokenizer
@@ -299,16 +299,18 @@ class Constraint:
     def advance(self, token: int) -> None:
         if not self._m.consume_token(int(token)):
             self._check()
-            raise GrammarError(f"token {token} does not continue the {self.grammar.kind.replace('_', ' ')}")
+            raise ConstraintError(
+                f"token {token} does not continue the {self.grammar.kind.replace('_', ' ')}"
+            )
 
     def rollback(self, n: int) -> None:
         if n and not self._m.rollback(n):
             self._check()
-            raise GrammarError(f"the grammar cannot roll back {n} tokens")
+            raise ConstraintError(f"the grammar cannot roll back {n} tokens")
 
     def _check(self) -> None:
         if self._m.is_error():
-            raise GrammarError(f"constrained decoding failed: {self._m.get_error()}")
+            raise ConstraintError(f"constrained decoding failed: {self._m.get_error()}")
 
 
 def compile_grammar(grammar: Grammar, tokenizer: Tokenizer, n_vocab: int) -> Constraint:
@@ -318,9 +320,9 @@ def compile_grammar(grammar: Grammar, tokenizer: Tokenizer, n_vocab: int) -> Con
     lltok = ll_tokenizer(tokenizer, n_vocab)
     text, limits = _validate(grammar, lltok)
     matcher = llguidance.LLMatcher(lltok, text, log_level=0, limits=limits)
-    constraint = Constraint(matcher, n_vocab, grammar)
-    constraint._check()
-    return constraint
+    if matcher.is_error():  # the grammar itself, over this vocabulary: the request's to fix
+        raise GrammarError(f"the {grammar.kind.replace('_', ' ')} cannot be enforced: {matcher.get_error()}")
+    return Constraint(matcher, n_vocab, grammar)
 
 
 def _validate(grammar: Grammar, lltok: Any) -> tuple[str, Any]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.errors import GrammarError
+from edge.errors import ConstraintError
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def mask_logits(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """`logits` with every id outside `allowed` at -inf (a copy). Nothing allowed is an error: a draw from
     nothing would be an arbitrary token."""
     if not allowed.any():
-        raise GrammarError("the grammar admits no next token", hint="check the schema or grammar")
+        raise ConstraintError("the grammar admits no next token", hint="check the schema or grammar")
     return np.where(allowed[: logits.shape[0]], logits, -np.inf)
 
 

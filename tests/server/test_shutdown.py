@@ -231,7 +231,7 @@ def test_a_signal_ends_running_and_queued_requests_the_openai_way(
 
 def test_requests_that_finish_within_the_grace_are_answered_whole(serve: Callable[..., Serve]) -> None:
     s = serve("--grace", "60")
-    jobs = [lambda st=st: s.ask(SHORT, stream=st, max_tokens=16) for st in [True, False] * 2]
+    jobs = [lambda st=st: s.ask(LONG, stream=st, max_tokens=40) for st in [True, False] * 2]
     threads, results = run_all(jobs)
     at_signal = s.wait_for(lambda st: st["running"] + st["queued"] + st["completed"] == 4, "4 requests")
     s.proc.send_signal(signal.SIGTERM)
