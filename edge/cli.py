@@ -137,67 +137,81 @@ def cmd_run(args: argparse.Namespace) -> int:
         draft_k=args.draft_k,
     ) as m:
         p = m.placement
-        if args.explain:
-            print(_explain(m), file=sys.stderr)
-        if p.fallback:
-            print(f"edge: note: requested device unavailable, fallback {p.fallback}", file=sys.stderr)
-        if p.auto is not None and p.auto.note:
-            print(f"edge: note: {p.auto.note}", file=sys.stderr)
         loaded = _backend_config(p.backend)
-        if loaded is not None and loaded["note"]:  # not as built: announced, as a device fallback is
-            print(f"edge: note: llama.cpp runs with {loaded['note']}", file=sys.stderr)
-        if m.template is None and not args.raw:
-            print(f"edge: note: {m.name} has no chat template; running as plain completion", file=sys.stderr)
-        if config.grammar is not None and args.draft not in ("auto", "none"):
-            print(
-                f"edge: note: --draft {args.draft} is off for --json-schema (drafts are not masked)",
-                file=sys.stderr,
-            )
+        for line in _run_notes(m, args, config, loaded):
+            print(line, file=sys.stderr)
         on_text = None if args.json else _stdout_writer()
         try:
             result = m.generate(prompt, config, raw=args.raw, on_text=on_text)
         except KeyboardInterrupt:
             print("\nedge: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
-    s = result.stats
     # the own graphs' --precision; llama.cpp has one (int8 activations), and ignores the flag
     precision = None if result.backend == "llamacpp" else args.precision
     invariant = m.decoder.capabilities().batch_invariant  # greedy drafts cannot change the output
     if args.json:
-        out = {
-            "model": m.name,
-            "text": result.text,
-            "token_ids": result.token_ids,
-            "n_prompt_tokens": s.n_prompt_tokens,
-            "n_tokens": s.n_tokens,
-            "ttft_ms": round(s.ttft_ms, 2),
-            "prefill_tok_s": round(s.prefill_tok_s, 2),
-            "decode_tok_s": round(s.decode_tok_s, 2),
-            "backend": result.backend,
-            "device": result.device,
-            "fallback": result.fallback,
-            "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
-            "backend_config": _backend_config(result.backend),
-            "precision": precision,
-            "draft": None
-            if s.draft is None
-            else _draft_json(s.draft, result.backend, precision, invariant, args),
-            "stop_reason": s.stop_reason,
-            "seed": args.seed,
-        }
-        print(json.dumps(out, ensure_ascii=False))
+        print(json.dumps(_run_json(m, result, args, precision, invariant), ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
-        print(
-            f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
-            f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
-            f"{'' if s.draft is None else s.draft.summary() + ' · '}{result.backend}/{result.device}"
-            f"{'' if precision is None else ' ' + precision}"
-            f"{'' if p.auto is None or p.backend != result.backend else ' (' + p.auto.label + ')'}]",
-            file=sys.stderr,
-        )
+        print(_summary_line(m, result, precision), file=sys.stderr)
     return 0
+
+
+def _run_json(m: Any, result: Any, args: argparse.Namespace, precision: str | None, invariant: bool) -> dict:
+    """edge run --json: one object (design.md's contract, plus edge's own fields)."""
+    s, p = result.stats, m.placement
+    return {
+        "model": m.name,
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "n_prompt_tokens": s.n_prompt_tokens,
+        "n_tokens": s.n_tokens,
+        "ttft_ms": round(s.ttft_ms, 2),
+        "prefill_tok_s": round(s.prefill_tok_s, 2),
+        "decode_tok_s": round(s.decode_tok_s, 2),
+        "backend": result.backend,
+        "device": result.device,
+        "fallback": result.fallback,
+        "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
+        "backend_config": _backend_config(result.backend),
+        "precision": precision,
+        "draft": None
+        if s.draft is None
+        else _draft_json(s.draft, result.backend, precision, invariant, args),
+        "stop_reason": s.stop_reason,
+        "seed": args.seed,
+    }
+
+
+def _summary_line(m: Any, result: Any, precision: str | None) -> str:
+    s, p = result.stats, m.placement
+    return (
+        f"[{s.n_tokens} tokens ({s.stop_reason}) · prompt {s.n_prompt_tokens} · TTFT {s.ttft_ms:.0f} ms · "
+        f"prefill {s.prefill_tok_s:.0f} tok/s · decode {s.decode_tok_s:.1f} tok/s · "
+        f"{'' if s.draft is None else s.draft.summary() + ' · '}{result.backend}/{result.device}"
+        f"{'' if precision is None else ' ' + precision}"
+        f"{'' if p.auto is None or p.backend != result.backend else ' (' + p.auto.label + ')'}]"
+    )
+
+
+def _run_notes(m: Any, args: argparse.Namespace, config: Any, loaded: dict[str, Any] | None) -> list[str]:
+    """What edge run says on stderr before the answer: the plan (--explain), then each way the run is not
+    what was asked or built (a fallback, auto's note, llama.cpp's configuration, no template, a draft off)."""
+    p, notes = m.placement, []
+    if args.explain:
+        notes.append(_explain(m))
+    if p.fallback:
+        notes.append(f"edge: note: requested device unavailable, fallback {p.fallback}")
+    if p.auto is not None and p.auto.note:
+        notes.append(f"edge: note: {p.auto.note}")
+    if loaded is not None and loaded["note"]:  # not as built: announced, as a device fallback is
+        notes.append(f"edge: note: llama.cpp runs with {loaded['note']}")
+    if m.template is None and not args.raw:
+        notes.append(f"edge: note: {m.name} has no chat template; running as plain completion")
+    if config.grammar is not None and args.draft not in ("auto", "none"):
+        notes.append(f"edge: note: --draft {args.draft} is off for --json-schema (drafts are not masked)")
+    return notes
 
 
 def _backend_config(backend: str) -> dict[str, Any] | None:

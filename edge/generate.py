@@ -223,14 +223,7 @@ class Generation:
             self.prompt_ids = self.session.window(self.prompt_ids, keep=self.keep, reserve=cfg.max_tokens)
             self.stats.n_prompt_tokens = len(self.prompt_ids)
         self._check_fits()
-        constraint = None
-        decoding = self.decoding or PlainDecoding(dec)
-        if cfg.grammar is not None:
-            from edge.grammar import compile_grammar
-
-            constraint = compile_grammar(cfg.grammar, tok, dec.vocab_size)  # before the prefill's cost
-            # NOTE: drafts are not masked yet, so a constrained generation decodes one token per forward
-            decoding = PlainDecoding(dec)
+        decoding, constraint = self._decoding()
         stopper = _StopMatcher(cfg.stop)
         stream = tok.stream()
         eog = frozenset() if cfg.ignore_eos else tok.eog_ids
@@ -301,6 +294,17 @@ class Generation:
                 yield tail
         if stats.stop_reason == "cancelled" and self.raise_on_cancel:
             raise GenerationCancelled("generation cancelled", hint="the model is ready for the next prompt")
+
+    def _decoding(self) -> tuple[Decoding, Constraint | None]:
+        """How tokens are chosen, and the grammar's state when the output is constrained (compiled here,
+        before the prefill's cost)."""
+        grammar, dec = self.config.grammar, self.decoder
+        if grammar is None:
+            return self.decoding or PlainDecoding(dec), None
+        from edge.grammar import compile_grammar
+
+        # NOTE: drafts are not masked yet, so a constrained generation decodes one token per forward
+        return PlainDecoding(dec), compile_grammar(grammar, self.tokenizer, dec.vocab_size)
 
     def _prefill(self, cached: int = 0) -> np.ndarray | None:
         """The last prompt position's logits, or None when cancelled between chunks. The decoder already
