@@ -47,6 +47,10 @@ class GrammarError(EdgeError):
     """A schema or grammar for constrained output is invalid, cannot be enforced, or admits no token."""
 
 
+class ToolError(EdgeError):
+    """A request's tools or tool_choice are invalid, or the model cannot make tool calls (a 400)."""
+
+
 class ConstraintError(EdgeError):
     """Constrained decoding failed mid-answer (the engine's state, not the request's schema): a server error."""
 

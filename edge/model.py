@@ -20,7 +20,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edge.devices.base import Decoder, warm_kernels
@@ -35,6 +35,7 @@ from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
 from edge.session import KVSession, KVState, common_prefix
 from edge.speculative import SpeculativeDecoding, drafts_greedy
+from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools
 
 __all__ = ["ChatMessage", "Model", "Result", "Stream"]
 
@@ -67,6 +68,8 @@ class Result:
     backend: str
     device: str
     fallback: str | None
+    # the calls a chat with tools made (their text is not in `text`, which holds the rest of the answer)
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 class Stream:
@@ -105,14 +108,43 @@ class Stream:
         self.close()
 
 
-def _config(config: GenerationConfig | None, options: Mapping[str, Any]) -> GenerationConfig:
+def _config(
+    config: GenerationConfig | None, options: Mapping[str, Any], tools: ToolPlan | None = None
+) -> GenerationConfig:
     """A call's GenerationConfig: the one given, or built from `GenerateOptions` keywords (invalid ones fail
-    before the model is taken)."""
+    before the model is taken); with tools, the response_format's grammar inside the tool calls' one."""
     if config is None:
-        return GenerateOptions(**options).config()
-    if options:
+        config = GenerateOptions(**options).config()
+    elif options:
         raise TypeError(f"pass a GenerationConfig or keyword options, not both (got {sorted(options)})")
-    return config
+    if tools is None:
+        return config
+    return replace(config, grammar=tools.grammar(config.grammar))
+
+
+def _with_calls(pieces: Generator[str, None, Result], plan: ToolPlan) -> Generator[str, None, Result]:
+    """A generation's pieces with its tool calls taken out: content pieces are yielded as they are certain, the
+    calls land in the Result."""
+    splitter, calls, text = CallSplitter(plan), [], []
+
+    def sort(items: list[str | ToolCall]) -> list[str]:
+        calls.extend(x for x in items if isinstance(x, ToolCall))
+        content = [x for x in items if isinstance(x, str)]
+        text.extend(content)
+        return content
+
+    try:
+        while True:
+            try:
+                piece = next(pieces)
+            except StopIteration as stop:
+                result: Result = stop.value
+                break
+            yield from sort(splitter.feed(piece))
+        yield from sort(splitter.finish())
+    finally:
+        pieces.close()
+    return replace(result, text="".join(text), tool_calls=tuple(calls))
 
 
 class Model:
@@ -228,11 +260,22 @@ class Model:
             ids.insert(0, tok.bos_id)
         return ids
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+    def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> str:
+        """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say."""
+        if tools is not None:
+            messages = tools.messages(messages)
         if self.template is None:
             # a base model: plain completion over the concatenated contents
             return "".join(str(m.get("content", "")) for m in messages)
-        return self.template.render(messages, add_generation_prompt=True)
+        extra = {} if tools is None else tools.template_kwargs()
+        return self.template.render(messages, add_generation_prompt=True, **extra)
+
+    def tool_plan(
+        self, tools: Sequence[Any] | None, tool_choice: Any = None, parallel: bool | None = None
+    ) -> ToolPlan | None:
+        """What OpenAI's `tools` / `tool_choice` / `parallel_tool_calls` mean for this model (ToolError where they
+        are invalid or the model cannot call tools); None where there are none."""
+        return plan_tools(self.template, self.tokenizer, tools, tool_choice, parallel)
 
     def system_span(self, messages: Sequence[ChatMessage]) -> int:
         """How many leading ids of the conversation's rendered prompt are its system prompt (kept when older
@@ -261,10 +304,10 @@ class Model:
         ]
         return self.encode_prompt(self.render_chat(messages))
 
-    def chat_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
+    def chat_ids(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> list[int]:
         """The prompt ids of a conversation: the chat template with the generation prompt, or for a base model
         the contents concatenated."""
-        return self.encode_prompt(self.render_chat(messages))
+        return self.encode_prompt(self.render_chat(messages, tools))
 
     # -- generation ------------------------------------------------------------------------------
     def generate(
@@ -320,11 +363,19 @@ class Model:
         on_text: Callable[[str], None] | None = None,
         cancel: Cancel = None,
         reuse: bool = True,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
         **options: Any,
     ) -> Result:
         """Answer the last message of a conversation (the whole list is the prompt; append the answer and the
         next user message for the next turn: the earlier turns' KV is reused). When the conversation outgrows
         the context its oldest turns are dropped and the system prompt kept (`result.stats.window_note`).
+
+        `tools` / `tool_choice` / `parallel_tool_calls` as in OpenAI's API: the calls the model makes are in
+        `result.tool_calls` (arguments valid against their schema, guaranteed by constrained decoding), the rest
+        of the answer in `result.text`. A history may hold assistant messages with `tool_calls` and
+        `{"role": "tool", "content": ..., "tool_call_id": ...}` results.
 
         >>> msgs = [{"role": "user", "content": "Name a fruit."}]             # doctest: +SKIP
         >>> msgs.append({"role": "assistant", "content": m.chat(msgs).text})
@@ -332,8 +383,14 @@ class Model:
         >>> m.chat(msgs).stats.n_cached_tokens > 0
         True
         """
-        keep = self.system_span(messages)
-        return self._run(self.chat_ids(messages), _config(config, options), on_text, cancel, reuse, keep)
+        plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
+        stream = self._chat_stream(messages, config, options, cancel, reuse, plan)
+        with stream:
+            for piece in stream:
+                if on_text is not None:
+                    on_text(piece)
+        assert stream.result is not None
+        return stream.result
 
     def chat_stream(
         self,
@@ -342,11 +399,30 @@ class Model:
         *,
         cancel: Cancel = None,
         reuse: bool = True,
+        tools: Sequence[Any] | None = None,
+        tool_choice: Any = None,
+        parallel_tool_calls: bool | None = None,
         **options: Any,
     ) -> Stream:
-        """`chat` as an iterator of text pieces (`Stream`)."""
-        ids = self.chat_ids(messages)
-        return self._stream(ids, _config(config, options), cancel, reuse, self.system_span(messages))
+        """`chat` as an iterator of text pieces (`Stream`); with tools, the pieces are the answer's text and the
+        calls are in `.result.tool_calls`."""
+        plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
+        return self._chat_stream(messages, config, options, cancel, reuse, plan)
+
+    def _chat_stream(
+        self,
+        messages: Sequence[ChatMessage],
+        config: GenerationConfig | None,
+        options: Mapping[str, Any],
+        cancel: Cancel,
+        reuse: bool,
+        plan: ToolPlan | None,
+    ) -> Stream:
+        config = _config(config, options, plan)
+        ids = self.chat_ids(messages, plan)
+        keep = self.system_span(messages if plan is None else plan.messages(messages))
+        pieces = self.stream_ids(ids, config, cancel=cancel_poller(cancel), reuse=reuse, keep=keep)
+        return Stream(pieces if plan is None or not plan.active else _with_calls(pieces, plan))
 
     def _run(
         self,

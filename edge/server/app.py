@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.errors import ContextOverflowError, EdgeError, GrammarError, ModelNotFoundError, TemplateError
+from edge.errors import (
+    ContextOverflowError,
+    EdgeError,
+    GrammarError,
+    ModelNotFoundError,
+    TemplateError,
+    ToolError,
+)
 from edge.generate import GenerationConfig
 from edge.grammar import check_grammar
 from edge.model import Model, Result, Stream
@@ -36,6 +44,7 @@ from edge.server.drain import Drain
 from edge.server.registry import ModelBusyError, Registry
 from edge.server.scheduler import Done, Failed, Job, QueueFull, Scheduler, ServerStopping
 from edge.server.security import BodyTooLarge, Guard
+from edge.tools import CallSplitter, ToolCall, ToolPlan
 
 __all__ = ["create_app"]
 
@@ -70,6 +79,8 @@ def error_response(exc: BaseException) -> JSONResponse:
         status, kind, code = 503, "server_error", "models_busy"
     elif isinstance(exc, GrammarError):
         status, kind, param = 400, "invalid_request_error", "response_format"
+    elif isinstance(exc, ToolError):
+        status, kind, param = 400, "invalid_request_error", "tools"
     elif isinstance(exc, ServerStopping):
         status, kind, code = 503, "server_error", "server_shutting_down"
         headers["Connection"] = "close"  # this connection has nothing more to serve
@@ -113,14 +124,20 @@ class Prepared:
     run: Runner
     stream: bool
     include_usage: bool
+    tools: ToolPlan | None = None
+
+    def splitter(self) -> CallSplitter | None:
+        """What reads the answer's tool calls out of its text (None: the request can make none)."""
+        return CallSplitter(self.tools) if self.tools is not None and self.tools.active else None
 
 
-def _render(sched: Scheduler, messages: list[dict[str, str]]) -> tuple[list[int], int]:
+def _render(sched: Scheduler, messages: list[dict[str, Any]], plan: ToolPlan | None) -> tuple[list[int], int]:
     """A conversation's prompt ids and its system prompt span, rendered once, here, for every replica.
     NOTE: one template renders at a time (its sandbox keeps one deadline per template)."""
     model = sched.replicas[0]
     with sched.render_lock:
-        return model.chat_ids(messages), model.system_span(messages)
+        span = model.system_span(messages if plan is None else plan.messages(messages))
+        return model.chat_ids(messages, plan), span
 
 
 def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runner:
@@ -137,10 +154,12 @@ def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runne
     return run
 
 
-def _config(sched: Scheduler, opts: dict[str, Any]) -> GenerationConfig:
+def _config(sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None) -> GenerationConfig:
     """The request's GenerationConfig; invalid options and a grammar the engine cannot enforce are a 400
     before the job is queued (compiling a grammar takes milliseconds once the model's vocabulary is indexed)."""
     config = GenerateOptions(**opts).config()
+    if plan is not None:
+        config = dataclasses.replace(config, grammar=plan.grammar(config.grammar))
     if config.grammar is not None:
         model = sched.replicas[0]
         check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)
@@ -185,13 +204,16 @@ class Handlers:
             raise p.UnsupportedValue("messages", f"at most {self.limits.max_messages} messages per request")
         messages = req.chat_messages()
         sched = await self._scheduler(req.model)
-        ids, keep = await run_in_threadpool(_render, sched, messages)
+        first = sched.replicas[0]
+        plan = first.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
+        ids, keep = await run_in_threadpool(_render, sched, messages, plan)
         n_ctx = sched.replicas[0].decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "messages")
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, param, len(ids), n_ctx)}
-        config = await run_in_threadpool(_config, sched, opts)
-        return Prepared(req.model, sched, ids, _runner(ids, config, keep), req.stream, req.include_usage)
+        config = await run_in_threadpool(_config, sched, opts, plan)
+        run = _runner(ids, config, keep)
+        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage, plan)
 
     async def _prepare_completion(self, body: bytes) -> Prepared:
         req = p.CompletionRequest.model_validate_json(body)
@@ -242,33 +264,40 @@ class Handlers:
         except Exception as exc:
             return error_response(exc)
         usage, extra = _usage(result), _extra(result, job)
-        finish = p.finish_reason(extra["stop_reason"])
-        make = p.chat_response if chat else p.completion_response
-        return JSONResponse(make(rid, prep.model, text, finish, usage, extra))
+        if not chat:
+            finish = p.finish_reason(extra["stop_reason"])
+            return JSONResponse(p.completion_response(rid, prep.model, text, finish, usage, extra))
+        content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
+        finish = p.finish_reason(extra["stop_reason"], len(calls))
+        made = [c.openai() for c in calls]
+        return JSONResponse(p.chat_response(rid, prep.model, content, finish, usage, extra, made))
 
     async def _events(self, job: Job, prep: Prepared, rid: str, chat: bool) -> AsyncIterator[dict[str, str]]:
         created = int(time.time())
         done = False
+        splitter = prep.splitter()
         try:
             if chat:
                 yield _data(p.chat_chunk(rid, prep.model, created, {"role": "assistant", "content": ""}))
             while True:
                 item = await job.items.get()
                 if isinstance(item, str):
-                    chunk = (
-                        p.chat_chunk(rid, prep.model, created, {"content": item})
-                        if chat
-                        else p.completion_chunk(rid, prep.model, created, item)
-                    )
-                    yield _data(chunk)
+                    if not chat:
+                        yield _data(p.completion_chunk(rid, prep.model, created, item))
+                        continue
+                    for delta in _deltas(splitter, item):
+                        yield _data(p.chat_chunk(rid, prep.model, created, delta))
                     continue
                 done = True
                 if isinstance(item, Failed):
                     yield _data(json.loads(error_response(item.error).body))
                     return
+                if splitter is not None:
+                    for delta in _deltas(splitter, None):
+                        yield _data(p.chat_chunk(rid, prep.model, created, delta))
                 result = item.result
                 extra = _extra(result, job)
-                finish = p.finish_reason(extra["stop_reason"])
+                finish = p.finish_reason(extra["stop_reason"], 0 if splitter is None else splitter.calls)
                 if chat:
                     yield _data(p.chat_chunk(rid, prep.model, created, {}, finish, extra=extra))
                 else:
@@ -281,6 +310,23 @@ class Handlers:
         finally:
             if not done:  # the client went away (or the server is stopping): stop generating
                 prep.sched.withdraw(job)
+
+
+def _deltas(splitter: CallSplitter | None, piece: str | None) -> list[dict[str, Any]]:
+    """A piece of the answer as chat deltas: text as content, a finished tool call as OpenAI streams one (its
+    index, id, name and the whole arguments in one delta). `piece=None`: the end of the answer."""
+    if splitter is None:
+        return [] if piece is None else [{"content": piece}]
+    items = splitter.finish() if piece is None else splitter.feed(piece)
+    index = splitter.calls - sum(isinstance(item, ToolCall) for item in items)  # the first new call's
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, ToolCall):
+            out.append({"tool_calls": [item.openai(index=index)]})
+            index += 1
+        else:
+            out.append({"content": item})
+    return out
 
 
 def _data(obj: dict[str, Any]) -> dict[str, str]:

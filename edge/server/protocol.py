@@ -47,10 +47,23 @@ class TextPart(_Request):
     text: str | None = None
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # the call a tool message answers
 
     def text(self, where: str) -> str:
         if self.content is None:
@@ -139,23 +152,28 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def check(self) -> None:
         self.check_common()
-        if self.tools:
-            raise UnsupportedValue("tools", "tool calls are not supported")
-        if self.tool_choice not in (None, "none"):
-            raise UnsupportedValue("tool_choice", "tool calls are not supported")
         for i, m in enumerate(self.messages):
-            if m.role == "tool":
-                raise UnsupportedValue(f"messages[{i}].role", "tool messages are not supported")
+            if m.tool_calls and m.role != "assistant":
+                raise UnsupportedValue(f"messages[{i}].tool_calls", "only assistant messages make tool calls")
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """The conversation as the chat template takes it (a developer message is a system message)."""
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The conversation as the chat template takes it (a developer message is a system message; calls and
+        tool results in the shape the templates read)."""
         out = []
         for i, m in enumerate(self.messages):
             role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.text(f"messages[{i}]")})
+            msg: dict[str, Any] = {"role": role, "content": m.text(f"messages[{i}]")}
+            if m.tool_calls:
+                msg["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
+            if m.name is not None and role == "tool":
+                msg["name"] = m.name
+            out.append(msg)
         return out
 
     @property
@@ -213,10 +231,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def finish_reason(stop_reason: str) -> str:
+def finish_reason(stop_reason: str, calls: int = 0) -> str:
     """edge's stop reason as OpenAI's finish_reason. An answer cut by a shutdown is "length": the one reason every
     client already reads as "the text is incomplete" (the `edge` field's stop_reason says "shutdown")."""
-    return "length" if stop_reason in ("length", "context", "shutdown") else "stop"
+    if stop_reason in ("length", "context", "shutdown"):
+        return "length"
+    return "tool_calls" if calls else "stop"
 
 
 def models_response(names: list[str], created: int) -> dict[str, Any]:
@@ -225,8 +245,17 @@ def models_response(names: list[str], created: int) -> dict[str, Any]:
 
 
 def chat_response(
-    rid: str, model: str, text: str, finish: str, usage: Usage, extra: dict[str, Any]
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    usage: Usage,
+    extra: dict[str, Any],
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
     return {
         "id": rid,
         "object": "chat.completion",
@@ -235,7 +264,7 @@ def chat_response(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }
@@ -249,7 +278,7 @@ def chat_chunk(
     rid: str,
     model: str,
     created: int,
-    delta: dict[str, str] | None,
+    delta: dict[str, Any] | None,
     finish: str | None = None,
     usage: Usage | None = None,
     extra: dict[str, Any] | None = None,

@@ -118,7 +118,9 @@ def test_sampling_fields_and_stop(server: Server) -> None:
     [
         ({"n": 2}, "n"),
         ({"logprobs": True}, "logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools"),
+        ({"tools": [{"type": "retrieval"}]}, "tools"),
+        ({"tool_choice": "required"}, "tools"),
         ({"temperature": 5}, "temperature"),
         ({"max_tokens": 10**6}, "max_tokens"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),

@@ -1,0 +1,414 @@
+"""Tool calls: OpenAI's `tools` / `tool_choice`, rendered by the model's own chat template, guaranteed by a grammar
+and parsed back into calls.
+
+A model writes a call in its template's syntax (Qwen 2.5 / Hermes: `<tool_call>\\n{"name": ..., "arguments":
+{...}}\\n</tool_call>`). `required` and a named function constrain the whole answer to calls of the allowed
+functions whose arguments match their `parameters` schema; `auto` lets the model answer in text or call, the call
+constrained once it starts; `none` renders no tools and parses no calls, so none can come out. A template with no
+tools branch gets the same syntax through a system prompt edge writes; a template whose call syntax edge does not
+know is refused (never a tool request answered as if no tools were given).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge.errors import GrammarError, ToolError
+from edge.grammar import Grammar, check_schema
+from edge.models.chat_template import ChatTemplate
+from edge.models.tokenizer import Tokenizer
+
+__all__ = [
+    "CallSplitter",
+    "Tool",
+    "ToolCall",
+    "ToolChoice",
+    "ToolPlan",
+    "plan_tools",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_TOOLS = 128
+# JSON written the way the Qwen/Hermes templates write it (", " and ": "), so a call reads like the examples
+_JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", ", "lenient": False}
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One function the model may call."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def openai(self) -> dict[str, Any]:
+        """The tool in OpenAI's shape (what chat templates iterate over)."""
+        fn = {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model made: `arguments` is JSON text (as OpenAI returns it), valid against the tool's schema."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "type": "function"}
+        out["function"] = {"name": self.name, "arguments": self.arguments}
+        return out if index is None else {"index": index, **out}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """auto | none | required | function (then `name` is the one function allowed)."""
+
+    mode: str = "auto"
+    name: str | None = None
+
+
+def parse_tools(tools: Sequence[Any]) -> tuple[Tool, ...]:
+    """OpenAI's `tools` list, each entry checked: a function with a valid name and a `parameters` JSON Schema
+    edge can enforce (the keyword a validator would ignore, or the engine cannot enforce, is named)."""
+    if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
+        raise ToolError("tools must be a list of {'type': 'function', 'function': {...}}")
+    if len(tools) > MAX_TOOLS:
+        raise ToolError(f"at most {MAX_TOOLS} tools per request (got {len(tools)})")
+    out: list[Tool] = []
+    for i, entry in enumerate(tools):
+        out.append(_tool(entry, f"tools[{i}]"))
+    names = [t.name for t in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ToolError(f"tool names must be unique: {', '.join(dup)} given twice")
+    return tuple(out)
+
+
+def _tool(entry: Any, where: str) -> Tool:
+    if not isinstance(entry, Mapping) or entry.get("type") != "function":
+        raise ToolError(f"{where}: only {{'type': 'function', 'function': {{...}}}} tools are supported")
+    _only(entry, {"type", "function"}, where)
+    fn = entry.get("function")
+    if not isinstance(fn, Mapping):
+        raise ToolError(f"{where}.function must be an object with a name")
+    _only(fn, {"name", "description", "parameters", "strict"}, f"{where}.function")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ToolError(f"{where}.function.name must be 1-64 letters, digits, _ or - (got {name!r})")
+    description = fn.get("description") or ""
+    if not isinstance(description, str):
+        raise ToolError(f"{where}.function.description must be text")
+    params = fn.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(params, Mapping) or params.get("type", "object") != "object":
+        raise ToolError(f"{where}.function.parameters must be a JSON Schema of type object")
+    try:
+        check_schema(params)
+    except GrammarError as exc:
+        raise ToolError(f"{where}.function.parameters: {exc.message}", hint=exc.hint) from None
+    return Tool(name, description, params)
+
+
+def _only(value: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ToolError(f"{where}: unknown key {', '.join(map(repr, unknown))}", hint=f"use {sorted(known)}")
+
+
+def parse_tool_choice(value: Any, tools: Sequence[Tool]) -> ToolChoice:
+    """OpenAI's `tool_choice` (default: auto where tools are given, none where not)."""
+    if value is None:
+        return ToolChoice("auto" if tools else "none")
+    if value in ("auto", "none", "required"):
+        if value != "none" and not tools:
+            raise ToolError(f"tool_choice {value!r} needs tools")
+        return ToolChoice(value)
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if name not in {t.name for t in tools}:
+            raise ToolError(f"tool_choice names function {name!r}, which is not among the tools")
+        return ToolChoice("function", name)
+    raise ToolError(
+        f"tool_choice {value!r} is not supported",
+        hint="use 'auto', 'none', 'required' or {'type': 'function', 'function': {'name': ...}}",
+    )
+
+
+# -- how a model writes a call ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class CallSyntax:
+    """Hermes-style calls: a JSON object {"name", "arguments"} between `open` and `close`. `open_id` /
+    `close_id`: the markers as single special tokens (the grammar names them by id; text cannot spell them)."""
+
+    open: str = "<tool_call>"
+    close: str = "</tool_call>"
+    open_id: int | None = None
+    close_id: int | None = None
+
+    def lark_open(self) -> str:
+        return f"<[{self.open_id}]>" if self.open_id is not None else json.dumps(self.open)
+
+    def lark_close(self) -> str:
+        return f"<[{self.close_id}]>" if self.close_id is not None else json.dumps(self.close)
+
+
+def _special_id(tokenizer: Tokenizer, text: str) -> int | None:
+    ids = tokenizer.encode(text, parse_special=True)
+    return ids[0] if len(ids) == 1 and tokenizer.is_special(ids[0]) else None
+
+
+def _syntax(template: ChatTemplate, tokenizer: Tokenizer) -> tuple[CallSyntax, bool]:
+    """The model's call syntax and whether its template renders tools itself (else edge's system prompt)."""
+    source = template.source
+    native = "tools" in source
+    if native and "<tool_call>" not in source:
+        raise ToolError(
+            "this model's chat template writes tool calls in a syntax edge does not parse",
+            hint="edge parses Qwen/Hermes <tool_call> calls; use a model whose template writes them",
+        )
+    ids = _special_id(tokenizer, "<tool_call>"), _special_id(tokenizer, "</tool_call>")
+    both = ids if None not in ids else (None, None)
+    return CallSyntax(open_id=both[0], close_id=both[1]), native
+
+
+# -- the plan of one request -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolPlan:
+    """What one request's tools mean for its prompt, its grammar and its answer."""
+
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    syntax: CallSyntax
+    native: bool  # the template renders tools itself
+    # one call per answer unless asked (llama.cpp's server default too): small models at temperature 0 repeat
+    # calls until max_tokens once a second one is allowed
+    parallel: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.choice.mode != "none"
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template gets besides the messages."""
+        return {"tools": [t.openai() for t in self.tools]} if self.tools and self.native else {}
+
+    def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation for the template: calls' arguments as objects (the templates `tojson` them); for a
+        template without a tools branch, calls and results written as text and edge's tools system prompt."""
+        out = [_template_message(m) for m in messages]
+        if self.native:
+            return out
+        out = [_as_text(m, self.syntax) for m in out]
+        if not self.tools:
+            return out
+        prompt = _system_prompt(self.tools, self.syntax)
+        if out and out[0].get("role") == "system":
+            return [
+                {"role": "system", "content": f"{out[0].get('content') or ''}\n\n{prompt}".lstrip()},
+                *out[1:],
+            ]
+        return [{"role": "system", "content": prompt}, *out]
+
+    def grammar(self, answer: Grammar | None = None) -> Grammar | None:
+        """The constraint of the whole answer (None: unconstrained). `answer`: the response_format's grammar,
+        which a text answer in auto mode must match."""
+        if not self.active:  # none: the tools are known, no call can be written
+            return (
+                answer
+                if answer is not None or not self.tools
+                else Grammar("lark", f"start: TEXT\n{self._text()}")
+            )
+        allowed = [t for t in self.tools if self.choice.mode != "function" or t.name == self.choice.name]
+        calls = "call" if not self.parallel else 'call ("\\n" call)*'
+        rules = [
+            f"calls: {calls}",
+            f'call: {self.syntax.lark_open()} "\\n" body "\\n" {self.syntax.lark_close()}',
+            f"body: %json {json.dumps(_call_schema(allowed))}",
+        ]
+        if self.choice.mode in ("required", "function"):
+            return Grammar("lark", "\n".join(["start: calls", *rules]))
+        return Grammar("lark", "\n".join([*self._text_rules(answer), *rules]))
+
+    def _text_rules(self, answer: Grammar | None) -> list[str]:
+        if answer is not None:
+            if answer.kind not in ("json_schema", "json_object"):
+                raise ToolError("tools combine with a json_object or json_schema response_format only")
+            schema = {"x-guidance": _JSON_STYLE, **answer.schema()}
+            return ["start: text | calls", f"text: %json {json.dumps(schema)}"]
+        # a special-token marker can follow a preamble (the lexer cannot confuse it with text)
+        head = "start: TEXT | TEXT? calls" if self.syntax.open_id is not None else "start: TEXT | calls"
+        return [head, self._text()]
+
+    def _text(self) -> str:
+        """Free text that never spells the call marker, so every marker in an answer opened a constrained call
+        (and with `none` none can be written)."""
+        return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{re.escape(self.syntax.open)}.*)/"
+
+    def split(self, text: str) -> tuple[str, list[ToolCall]]:
+        """An answer's text as (content, calls); a call cut short (max_tokens) stays in the content."""
+        if not self.active:
+            return text, []
+        splitter = CallSplitter(self)
+        pieces = [*splitter.feed(text), *splitter.finish()]
+        content = "".join(p for p in pieces if isinstance(p, str))
+        return content, [p for p in pieces if isinstance(p, ToolCall)]
+
+
+def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": dict(t.parameters)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    body = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return {"x-guidance": _JSON_STYLE, **body}
+
+
+def _template_message(m: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(m)
+    calls = out.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [_call_for_template(c) for c in calls]
+    return out
+
+
+def _call_for_template(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = call.get("function", call)
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise ToolError(
+                f"tool call {fn.get('name')!r} in the history has arguments that are not JSON"
+            ) from None
+    return {**call, "function": {"name": fn.get("name"), "arguments": args}}
+
+
+def _as_text(m: dict[str, Any], syntax: CallSyntax) -> dict[str, Any]:
+    """A call or a tool result as plain chat text, for a template that knows no tools."""
+    if m.get("role") == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+    calls = m.get("tool_calls")
+    if not calls:
+        return m
+    written = [
+        f"{syntax.open}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n"
+        f"{syntax.close}"
+        for c in calls
+    ]
+    text = "\n".join([*([m["content"]] if m.get("content") else []), *written])
+    return {"role": "assistant", "content": text}
+
+
+def _system_prompt(tools: Iterable[Tool], syntax: CallSyntax) -> str:
+    """The tools instruction the Qwen 2.5 templates write, for a template that has none."""
+    listed = "\n".join(json.dumps(t.openai()) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>"
+        "\n\nFor each function call, return a json object with function name and arguments within "
+        f"{syntax.open}{syntax.close} XML tags:\n{syntax.open}\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n'
+        f"{syntax.close}"
+    )
+
+
+# -- reading calls out of a stream of text ---------------------------------------------------------
+class CallSplitter:
+    """Text pieces in, content pieces (str) and finished calls (ToolCall) out, as soon as each is certain: text
+    that may be the start of a call marker, or whitespace before a call, is held until the next piece tells."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self._open, self._close = plan.syntax.open, plan.syntax.close
+        self._names = {t.name for t in plan.tools}
+        self._buf = ""
+        self._in_call = False
+        self.calls = 0
+
+    def feed(self, piece: str) -> list[str | ToolCall]:
+        self._buf += piece
+        out: list[str | ToolCall] = []
+        while True:
+            if self._in_call:
+                end = self._buf.find(self._close)
+                if end < 0:
+                    return out
+                call = self._call(self._buf[:end])
+                out.append(call if call is not None else f"{self._open}{self._buf[:end]}{self._close}")
+                self._buf, self._in_call = self._buf[end + len(self._close) :], False
+                continue
+            at = self._buf.find(self._open)
+            if at >= 0:
+                out.extend(self._content(self._buf[:at], final=True))
+                self._buf, self._in_call = self._buf[at + len(self._open) :], True
+                continue
+            keep = _marker_prefix(self._buf, self._open)
+            held = len(self._buf) - keep
+            text = self._buf[:held]
+            tail = len(text) - len(text.rstrip())  # whitespace waits: it is dropped before a call
+            out.extend(self._content(text[: len(text) - tail]))
+            self._buf = self._buf[len(text) - tail :]
+            return out
+
+    def finish(self) -> list[str | ToolCall]:
+        """The rest: a call never closed (cut by max_tokens) comes out as content."""
+        rest = f"{self._open}{self._buf}" if self._in_call else self._buf
+        self._buf, self._in_call = "", False
+        if self.calls and not rest.strip():
+            return []
+        return [rest] if rest else []
+
+    def _content(self, text: str, final: bool = False) -> list[str | ToolCall]:
+        if final:
+            text = text.rstrip() if self.calls or text.strip() else ""
+        return [text] if text else []
+
+    def _call(self, body: str) -> ToolCall | None:
+        try:
+            value = json.loads(body)
+        except ValueError:
+            return None
+        if not isinstance(value, dict) or value.get("name") not in self._names:
+            return None
+        args = value.get("arguments", value.get("parameters", {}))
+        self.calls += 1
+        text = json.dumps(args, ensure_ascii=False)
+        return ToolCall(f"call_{uuid.uuid4().hex[:24]}", value["name"], text)
+
+
+def _marker_prefix(text: str, marker: str) -> int:
+    """How many trailing characters of `text` are a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def plan_tools(
+    template: ChatTemplate | None,
+    tokenizer: Tokenizer,
+    tools: Sequence[Any] | None,
+    tool_choice: Any = None,
+    parallel: bool | None = None,
+) -> ToolPlan | None:
+    """The plan of a request's tools (None where it has none and chooses none)."""
+    parsed = parse_tools(tools or [])
+    choice = parse_tool_choice(tool_choice, parsed)
+    if not parsed and choice.mode == "none":
+        return None
+    if template is None:
+        raise ToolError("tool calls need a chat model; this is a base model without a chat template")
+    syntax, native = _syntax(template, tokenizer)
+    return ToolPlan(parsed, choice, syntax, native, bool(parallel))
