@@ -29,12 +29,14 @@ if TYPE_CHECKING:
         InsufficientMemoryError,
         ModelFormatError,
         ModelNotFoundError,
+        ToolError,
     )
     from edge.grammar import Grammar
     from edge.model import Model, Result, Stream
     from edge.options import GenerateOptions
     from edge.server import serve
     from edge.session import KVState
+    from edge.tools import ToolCall
 
 # public name -> module that defines it (imported lazily by __getattr__)
 _LAZY = {
@@ -55,6 +57,8 @@ _LAZY = {
     "GenerationCancelled": "edge.errors",
     "GrammarError": "edge.errors",
     "Grammar": "edge.grammar",
+    "ToolError": "edge.errors",
+    "ToolCall": "edge.tools",
     "InsufficientMemoryError": "edge.errors",
 }
 
@@ -75,6 +79,8 @@ __all__ = [
     "ModelNotFoundError",
     "Result",
     "Stream",
+    "ToolCall",
+    "ToolError",
     "__version__",
     "load",
     "serve",

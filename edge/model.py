@@ -28,7 +28,7 @@ from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
 from edge.drafters import auto_drafts_on
-from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError
+from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError, ToolError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
@@ -333,8 +333,25 @@ class Model:
         >>> m.generate("2+2=", raw=True, max_tokens=4).text          # doctest: +SKIP
         '4'
         """
+        if "tools" in options or "tool_choice" in options:  # a tool request is a one-turn chat
+            return self.chat(
+                self._turn_of(prompt, raw, system),
+                config,
+                on_text=on_text,
+                cancel=cancel,
+                reuse=reuse,
+                **options,
+            )
         ids = self.prompt_ids(prompt, raw=raw, system=system)
         return self._run(ids, _config(config, options), on_text, cancel, reuse)
+
+    def _turn_of(self, prompt: str, raw: bool, system: str | None) -> list[dict[str, str]]:
+        if raw:
+            raise ToolError("tools need the chat template; drop raw=True")
+        return [
+            *([{"role": "system", "content": system}] if system else []),
+            {"role": "user", "content": prompt},
+        ]
 
     def stream(
         self,
@@ -352,6 +369,10 @@ class Model:
         >>> for piece in m.stream("Name three colours", max_tokens=24):   # doctest: +SKIP
         ...     print(piece, end="", flush=True)
         """
+        if "tools" in options or "tool_choice" in options:
+            return self.chat_stream(
+                self._turn_of(prompt, raw, system), config, cancel=cancel, reuse=reuse, **options
+            )
         ids = self.prompt_ids(prompt, raw=raw, system=system)
         return self._stream(ids, _config(config, options), cancel, reuse)
 

@@ -34,6 +34,9 @@ __all__ = [
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 128
+# Qwen 2.5 Coder, asked with tools in auto mode, often writes its call as a fenced JSON block instead of in
+# <tool_call> tags (llama.cpp's Hermes parser takes that form too): at the start of an answer it is a call
+FENCE = ("```json\n", "\n```")
 # JSON written the way the Qwen/Hermes templates write it (", " and ": "), so a call reads like the examples
 _JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", ", "lenient": False}
 
@@ -244,12 +247,14 @@ class ToolPlan:
             return ["start: text | calls", f"text: %json {json.dumps(schema)}"]
         # a special-token marker can follow a preamble (the lexer cannot confuse it with text)
         head = "start: TEXT | TEXT? calls" if self.syntax.open_id is not None else "start: TEXT | calls"
-        return [head, self._text()]
+        fenced = f"fenced: {json.dumps(FENCE[0])} body {json.dumps(FENCE[1])}"
+        return [f"{head} | fenced", fenced, self._text(fenced=True)]
 
-    def _text(self) -> str:
+    def _text(self, fenced: bool = False) -> str:
         """Free text that never spells the call marker, so every marker in an answer opened a constrained call
-        (and with `none` none can be written)."""
-        return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{re.escape(self.syntax.open)}.*)/"
+        (and with `none` none can be written); with `fenced`, it does not open as a fenced call either."""
+        fence = f" & ~/{_literal(FENCE[0])}(?s:.*)/" if fenced else ""
+        return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{_literal(self.syntax.open)}.*)/{fence}"
 
     def split(self, text: str) -> tuple[str, list[ToolCall]]:
         """An answer's text as (content, calls); a call cut short (max_tokens) stays in the content."""
@@ -259,6 +264,11 @@ class ToolPlan:
         pieces = [*splitter.feed(text), *splitter.finish()]
         content = "".join(p for p in pieces if isinstance(p, str))
         return content, [p for p in pieces if isinstance(p, ToolCall)]
+
+
+def _literal(text: str) -> str:
+    """`text` as a regex in a Lark grammar (a newline as \\n: the grammar's regexes are one line)."""
+    return re.escape(text).replace("\\\n", "\\n")
 
 
 def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
@@ -331,15 +341,21 @@ class CallSplitter:
     that may be the start of a call marker, or whitespace before a call, is held until the next piece tells."""
 
     def __init__(self, plan: ToolPlan) -> None:
-        self._open, self._close = plan.syntax.open, plan.syntax.close
+        self._markers = plan.syntax.open, plan.syntax.close
+        self._open, self._close = self._markers
         self._names = {t.name for t in plan.tools}
         self._buf = ""
         self._in_call = False
+        self._fresh = (
+            plan.choice.mode == "auto"
+        )  # a fenced call may open the answer (what auto's grammar allows)
         self.calls = 0
 
     def feed(self, piece: str) -> list[str | ToolCall]:
         self._buf += piece
         out: list[str | ToolCall] = []
+        if self._fresh and not self._opens_fenced():
+            return out
         while True:
             if self._in_call:
                 end = self._buf.find(self._close)
@@ -348,6 +364,7 @@ class CallSplitter:
                 call = self._call(self._buf[:end])
                 out.append(call if call is not None else f"{self._open}{self._buf[:end]}{self._close}")
                 self._buf, self._in_call = self._buf[end + len(self._close) :], False
+                self._open, self._close = self._markers
                 continue
             at = self._buf.find(self._open)
             if at >= 0:
@@ -361,6 +378,16 @@ class CallSplitter:
             out.extend(self._content(text[: len(text) - tail]))
             self._buf = self._buf[len(text) - tail :]
             return out
+
+    def _opens_fenced(self) -> bool:
+        """At the answer's start: False while it may still become a fenced call; else decided (and True)."""
+        if FENCE[0].startswith(self._buf) and len(self._buf) < len(FENCE[0]):
+            return False
+        self._fresh = False
+        if self._buf.startswith(FENCE[0]):
+            self._open, self._close = FENCE
+            self._buf, self._in_call = self._buf[len(FENCE[0]) :], True
+        return True
 
     def finish(self) -> list[str | ToolCall]:
         """The rest: a call never closed (cut by max_tokens) comes out as content."""

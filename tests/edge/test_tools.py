@@ -158,3 +158,20 @@ def test_models_that_cannot_call_are_refused() -> None:
     with pytest.raises(ToolError, match="syntax edge does not parse"):
         plan_tools(other, None, [WEATHER])  # type: ignore[arg-type]
     assert plan_tools(None, None, None) is None  # no tools: nothing to plan, any model
+
+
+FENCED = '```json\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n```'
+
+
+@pytest.mark.parametrize("size", [1, 4, len(FENCED)])
+def test_a_fenced_call_opening_an_auto_answer_is_a_call(size: int) -> None:
+    splitter = CallSplitter(plan("auto"))
+    items = [x for at in range(0, len(FENCED), size) for x in splitter.feed(FENCED[at : at + size])]
+    items += splitter.finish()
+    assert [(c.name, c.arguments) for c in items if isinstance(c, ToolCall)] == [
+        ("get_weather", '{"city": "Oslo"}')
+    ]
+    assert not [x for x in items if isinstance(x, str)]
+    later = "Here it is:\n" + FENCED  # not at the start: text (auto's grammar lets text spell it)
+    assert plan("auto").split(later) == (later, [])
+    assert plan("required").split(FENCED) == (FENCED, [])  # required's grammar writes <tool_call> only

@@ -222,3 +222,16 @@ def test_tool_errors_are_400s_naming_tools(client: openai.OpenAI) -> None:
                 model=MODELS[0], messages=[{"role": "user", "content": "hi"}], max_tokens=4, **extra
             )
         assert err.value.body["param"] == "tools", err.value.body  # type: ignore[index]
+
+
+def test_the_tool_loop_example_runs(big: openai.OpenAI, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "examples" / "tool_loop.py"
+    spec = importlib.util.spec_from_file_location("tool_loop", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    text = example.answer(big, BIG, "What's the weather in Paris? Answer in one sentence.")
+    assert text.strip() and "<tool_call>" not in text
+    assert 'called get_weather({"city": "Paris"})' in capsys.readouterr().out
