@@ -20,9 +20,15 @@ class FakeModel:
     draft = None
 
     def __init__(
-        self, *, fallback: str | None = None, chat_template: bool = True, delay_s: float = 0.0
+        self,
+        *,
+        fallback: str | None = None,
+        chat_template: bool = True,
+        delay_s: float = 0.0,
+        answer: str = ANSWER,
     ) -> None:
         self.fallback = fallback
+        self.answer = answer
         self.has_chat_template = chat_template
         self.delay_s = delay_s
         self.calls: list[list[dict[str, str]]] = []
@@ -41,7 +47,7 @@ class FakeModel:
         return Stream(self._pieces(is_set))
 
     def _pieces(self, is_set: Callable[[], bool]) -> Generator[str, None, Result]:
-        words = ANSWER.split(" ")
+        words = self.answer.split(" ")
         out = []
         stop = ""
         for i, w in enumerate(words):

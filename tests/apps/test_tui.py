@@ -115,6 +115,28 @@ async def test_send_streams_markdown_and_saves(tmp_path: Path) -> None:
     assert fake.closed
 
 
+POEM = "Roses are red,\nviolets are blue.\n\n```\nx = 1\ny = 2\n```\n\n- one\n- two"
+
+
+@sync
+async def test_single_line_breaks_are_kept_in_answers(tmp_path: Path) -> None:
+    """A poem stays one line a verse, while streamed and when reopened; fences and lists render as before."""
+    app, _ = fake_app(tmp_path, FakeModel(answer=POEM))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        await send(pilot, "A poem")
+        await wait_for(pilot, lambda: not app.generating and len(messages(app)) == 2)
+        for reopened in (False, True):
+            if reopened:  # as from the history: the whole text at once
+                app._show_conversation(app.conv)
+                await pilot.pause()
+            answer = messages(app)[1]
+            paragraph = answer.query("MarkdownParagraph").first()
+            assert str(paragraph._content) == "Roses are red,\nviolets are blue."
+            assert "x = 1\ny = 2" in str(answer.query_one("MarkdownFence").code)
+            assert len(answer.query("MarkdownBulletList MarkdownBullet")) == 2
+
+
 @sync
 async def test_multiline_input(tmp_path: Path) -> None:
     app, fake = fake_app(tmp_path)
