@@ -359,6 +359,9 @@ class ChatApp(App[None]):
             return
         self.conv = Conversation.new(self.info.name if self.info else "", self.settings.system)
         self._show_conversation(self.conv)
+        # the last answer's figures and KV fill belong to the old conversation: the bar keeps the model only
+        self.last_result, self.kv = None, None
+        self._render_stats()
 
     def action_open_conversations(self) -> None:
         if self._busy():

@@ -138,6 +138,20 @@ async def test_single_line_breaks_are_kept_in_answers(tmp_path: Path) -> None:
 
 
 @sync
+async def test_a_new_conversation_clears_the_last_answers_stats(tmp_path: Path) -> None:
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        await send(pilot, "Capital of France")
+        await wait_for(pilot, lambda: not app.generating and len(messages(app)) == 2)
+        assert "TTFT 42 ms" in stats(app) and "KV 40/4096" in stats(app)
+        await pilot.press("ctrl+n")
+        assert not messages(app)
+        assert "TTFT" not in stats(app) and "KV" not in stats(app)
+        assert "fake-135m" in stats(app)  # the model and where it runs stay
+
+
+@sync
 async def test_multiline_input(tmp_path: Path) -> None:
     app, fake = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
