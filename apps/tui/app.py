@@ -386,7 +386,19 @@ class ChatApp(App[None]):
 
         models = [(f"{e.name}{'' if e.chat else ' (base model)'}", e.name) for e in CATALOG.values()]
         devices = self.devices or ["llamacpp:cpu"]
-        self.push_screen(SettingsScreen(self.settings, models, devices), self._apply_settings)
+        screen = SettingsScreen(self.settings, models, devices, self._system_default())
+        self.push_screen(screen, self._apply_settings)
+
+    def _system_default(self) -> str:
+        """What an empty system prompt means for the loaded model: its template's own text where it has one."""
+        from edge.apps.tui.default_system import default_system
+
+        if self.model is None:
+            return "(the model is not loaded yet)"
+        if not self.model.has_chat_template:
+            return f"(none: {self.model.name} has no chat template)"
+        text = default_system(self.model.template)
+        return text or f"(none: {self.model.name}'s template adds no system prompt)"
 
     def _apply_settings(self, new: ChatSettings | None) -> None:
         if new is None or self._busy():

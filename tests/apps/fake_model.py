@@ -8,6 +8,7 @@ from typing import Any
 
 from edge.generate import GenerationStats
 from edge.model import Result, Stream
+from edge.models.chat_template import ChatTemplate
 from edge.session import KVState
 
 ANSWER = "Paris is the capital of France.\n\n```python\nprint('bonjour')\n```\n\n- the Seine\n- the Louvre"
@@ -26,9 +27,11 @@ class FakeModel:
         chat_template: bool = True,
         delay_s: float = 0.0,
         answer: str = ANSWER,
+        template: ChatTemplate | None = None,
     ) -> None:
         self.fallback = fallback
         self.answer = answer
+        self.template = template
         self.has_chat_template = chat_template
         self.delay_s = delay_s
         self.calls: list[list[dict[str, str]]] = []

@@ -14,13 +14,15 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Label, OptionList, ProgressBar
+from textual.widgets import Input, Label, OptionList, ProgressBar
 
 from edge.apps.tui.app import ChatApp
+from edge.apps.tui.default_system import default_system
 from edge.apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
 from edge.apps.tui.settings import ChatSettings
 from edge.apps.tui.storage import Conversation, ConversationStore, Message
 from edge.apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
+from edge.models.chat_template import ChatTemplate
 from edge.models.store import PullProgress
 from tests.apps.fake_model import ANSWER, FakeModel
 
@@ -300,6 +302,43 @@ async def test_settings_change_model_device_system_and_temperature(tmp_path: Pat
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+# SmolLM2's template, shortened: ChatML with a default system prompt of its own
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Gemma's shape: a system prompt is folded into the first user turn, and there is none by default
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\\n\\n' %}"
+    "{% set rest = messages[1:] %}{% else %}{% set first = '' %}{% set rest = messages %}{% endif %}"
+    "{% for m in rest %}<start_of_turn>{{ m['role'] }}\\n{{ (first if loop.first else '') + m['content'] }}"
+    "<end_of_turn>\\n{% endfor %}"
+)
+
+
+def test_the_default_system_prompt_is_read_from_the_template() -> None:
+    assert default_system(ChatTemplate(CHATML)) == "You are SmolLM, trained by Hugging Face"
+    assert default_system(ChatTemplate(GEMMA, bos_token="<bos>")) is None
+    assert default_system(None) is None
+
+
+@sync
+async def test_settings_show_the_templates_own_default_system_prompt(tmp_path: Path) -> None:
+    for model, shown in (
+        (FakeModel(template=ChatTemplate(CHATML)), "You are SmolLM, trained by Hugging Face"),
+        (FakeModel(template=ChatTemplate(GEMMA)), "(none: fake-135m's template adds no system prompt)"),
+        (FakeModel(chat_template=False), "(none: fake-135m has no chat template)"),
+    ):
+        app, _ = fake_app(tmp_path, model)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.model is not None)  # noqa: B023
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))  # noqa: B023
+            assert app.screen.query_one("#system", Input).placeholder == shown
 
 
 # -- snapshots of the main screens ---------------------------------------------------------------------------
