@@ -54,6 +54,8 @@ class ChatApp(App[None]):
     PromptInput { height: auto; min-height: 3; max-height: 10; border: round $accent; }
     StatsBar { height: auto; max-height: 2; padding: 0 1; background: $panel; color: $text; }
     ModalScreen { align: center middle; }
+    /* notifications at the top right, under the header: at the bottom they covered the input and stats */
+    ToastRack { dock: top; align: right top; margin: 1 0 0 0; }
     #dialog { width: 80%; max-width: 100; height: auto; max-height: 90%; padding: 1 2;
               border: thick $primary; background: $surface; }
     #dialog > Label { margin-top: 1; }

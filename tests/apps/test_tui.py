@@ -154,6 +154,22 @@ async def test_a_new_conversation_clears_the_last_answers_stats(tmp_path: Path) 
 
 
 @sync
+async def test_notifications_do_not_cover_the_input_or_the_stats(tmp_path: Path) -> None:
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        for i in range(3):
+            app.notify(f"notice {i}: a long enough line to wrap over two lines of the toast", timeout=30)
+        await wait_for(pilot, lambda: len(app.screen.query("Toast")) == 3, timeout=10)
+        await pilot.pause()
+        covered = [app.query_one(PromptInput).region, app.query_one(StatsBar).region]
+        covered.append(app.query_one("Header").region)
+        for toast in app.screen.query("Toast"):
+            assert toast.region.area > 0
+            assert not any(toast.region.overlaps(r) for r in covered), (toast.region, covered)
+
+
+@sync
 async def test_multiline_input(tmp_path: Path) -> None:
     app, fake = fake_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
