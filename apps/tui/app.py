@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
 
     from edge import Model, Result
+    from edge.models.catalog import CatalogEntry
     from edge.models.store import PullProgress
     from edge.session import KVState
 
@@ -189,8 +190,10 @@ class ChatApp(App[None]):
                 f"requested device unavailable: running with fallback {model.fallback}", severity="warning"
             )
         if not model.has_chat_template:
+            kind = "a base model" if _is_base_model(model.name) else "a model file"
             self._notice(
-                f"{model.name} has no chat template: it runs as plain text completion of the conversation."
+                f"{model.name} is {kind} without a chat template: it runs as plain text completion of the "
+                "conversation (it continues the text; it does not answer as an assistant)."
             )
         self._render_stats()
 
@@ -386,7 +389,7 @@ class ChatApp(App[None]):
     def action_settings(self) -> None:
         from edge.models.catalog import CATALOG
 
-        models = [(f"{e.name}{'' if e.chat else ' (base model)'}", e.name) for e in CATALOG.values()]
+        models = [(model_label(e), e.name) for e in CATALOG.values()]
         devices = self.devices or ["llamacpp:cpu"]
         screen = SettingsScreen(self.settings, models, devices, self._system_default())
         self.push_screen(screen, self._apply_settings)
@@ -431,6 +434,22 @@ class ChatApp(App[None]):
         self._cancel.set()
         if self.model is not None:
             self.model.close()  # waits at most one token for a cancelled generation
+
+
+def model_label(entry: CatalogEntry) -> str:
+    """A model in the settings' list: what it is for, and whether choosing it starts a download."""
+    from edge.models.store import is_verified
+
+    kind = "chat" if entry.chat else "base model, plain completion"
+    pulled = "pulled" if is_verified(entry) else f"not pulled: {entry.size / 1e6:.0f} MB download"
+    return f"{entry.name} ({kind}; {pulled})"
+
+
+def _is_base_model(name: str) -> bool:
+    from edge.models.catalog import CATALOG
+
+    entry = CATALOG.get(name)
+    return entry is not None and not entry.chat
 
 
 def _default_model() -> str:

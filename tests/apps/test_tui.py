@@ -23,7 +23,7 @@ from edge.apps.tui.settings import ChatSettings
 from edge.apps.tui.storage import Conversation, ConversationStore, Message
 from edge.apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
 from edge.models.chat_template import ChatTemplate
-from edge.models.store import PullProgress
+from edge.models.store import PullProgress, resolve_model
 from tests.apps.fake_model import ANSWER, FakeModel
 
 SIZE = (100, 34)
@@ -210,7 +210,31 @@ async def test_fallback_and_base_model_notices(tmp_path: Path) -> None:
         assert "fallback npu -> cpu" in stats(app)
         assert "completion mode" in stats(app)
         notice = messages(app)[0]
-        assert notice.role == "notice" and "no chat template" in notice.source
+        assert notice.role == "notice" and "without a chat template" in notice.source
+        assert "plain text completion" in notice.source
+
+
+@sync
+async def test_the_model_list_says_what_each_model_is_and_what_is_pulled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A private cache holding only smollm2-135m (linked from the shared one, with its verified marker)."""
+    smollm = resolve_model("smollm2-135m")
+    marker = smollm.with_name(smollm.name + ".verified.json")
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / smollm.name).symlink_to(smollm)
+    (models / marker.name).write_bytes(marker.read_bytes())
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        labels = dict((v, label) for label, v in app.screen.models)  # type: ignore[attr-defined]
+    assert labels["smollm2-135m"] == "smollm2-135m (chat; pulled)"
+    assert labels["gemma3-270m"] == "gemma3-270m (base model, plain completion; not pulled: 253 MB download)"
+    assert labels["qwen2.5-coder-1.5b"] == "qwen2.5-coder-1.5b (chat; not pulled: 1117 MB download)"
 
 
 @sync
