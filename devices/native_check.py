@@ -315,6 +315,14 @@ def _lasting(outcome: Outcome) -> bool:
 
 
 _LOCK = threading.Lock()  # one check at a time in a process (the server opens models from threads)
+CHECKING = "edge: checking llama.cpp on this CPU (once per machine, ~5 s)..."
+
+
+def _announce() -> None:
+    """One line on a terminal's stderr when a check starts: the first `edge devices` or load on a machine
+    otherwise sits silent for seconds. Not on a pipe or a file (logs, --json consumers read stdout anyway)."""
+    if sys.stderr is not None and sys.stderr.isatty():
+        print(CHECKING, file=sys.stderr, flush=True)
 
 
 def llamacpp_verdict(configs: Sequence[NativeConfig] | None = None, *, timeout: float = TIMEOUT_S) -> Verdict:
@@ -332,6 +340,7 @@ def llamacpp_verdict(configs: Sequence[NativeConfig] | None = None, *, timeout: 
                 outcome = _recall(key)
                 if outcome is None:
                     if work is None:
+                        _announce()
                         folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-native-"))
                         work = _Work(Path(folder))
                     outcome, ran = _run_one(config, work, timeout), True

@@ -208,10 +208,20 @@ def _run_notes(m: Any, args: argparse.Namespace, config: Any, loaded: dict[str, 
     if loaded is not None and loaded["note"]:  # not as built: announced, as a device fallback is
         notes.append(f"edge: note: llama.cpp runs with {loaded['note']}")
     if m.template is None and not args.raw:
-        notes.append(f"edge: note: {m.name} has no chat template; running as plain completion")
+        notes.append(
+            f"edge: note: {m.name} is {_kind(m.name)} with no chat template; running as plain completion"
+        )
     if config.grammar is not None and args.draft not in ("auto", "none"):
         notes.append(f"edge: note: --draft {args.draft} is off for --json-schema (drafts are not masked)")
     return notes
+
+
+def _kind(name: str) -> str:
+    """What the catalog says a model without a chat template is (a base model), or just "a model file"."""
+    from edge.models.catalog import CATALOG
+
+    entry = CATALOG.get(name)
+    return "a base model" if entry is not None and not entry.chat else "a model file"
 
 
 def _backend_config(backend: str) -> dict[str, Any] | None:

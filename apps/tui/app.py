@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
 
     from edge import Model, Result
+    from edge.models.catalog import CatalogEntry
     from edge.models.store import PullProgress
     from edge.session import KVState
 
@@ -54,6 +55,8 @@ class ChatApp(App[None]):
     PromptInput { height: auto; min-height: 3; max-height: 10; border: round $accent; }
     StatsBar { height: auto; max-height: 2; padding: 0 1; background: $panel; color: $text; }
     ModalScreen { align: center middle; }
+    /* notifications at the top right, under the header: at the bottom they covered the input and stats */
+    ToastRack { dock: top; align: right top; margin: 1 0 0 0; }
     #dialog { width: 80%; max-width: 100; height: auto; max-height: 90%; padding: 1 2;
               border: thick $primary; background: $surface; }
     #dialog > Label { margin-top: 1; }
@@ -187,8 +190,10 @@ class ChatApp(App[None]):
                 f"requested device unavailable: running with fallback {model.fallback}", severity="warning"
             )
         if not model.has_chat_template:
+            kind = "a base model" if _is_base_model(model.name) else "a model file"
             self._notice(
-                f"{model.name} has no chat template: it runs as plain text completion of the conversation."
+                f"{model.name} is {kind} without a chat template: it runs as plain text completion of the "
+                "conversation (it continues the text; it does not answer as an assistant)."
             )
         self._render_stats()
 
@@ -359,6 +364,9 @@ class ChatApp(App[None]):
             return
         self.conv = Conversation.new(self.info.name if self.info else "", self.settings.system)
         self._show_conversation(self.conv)
+        # the last answer's figures and KV fill belong to the old conversation: the bar keeps the model only
+        self.last_result, self.kv = None, None
+        self._render_stats()
 
     def action_open_conversations(self) -> None:
         if self._busy():
@@ -381,9 +389,21 @@ class ChatApp(App[None]):
     def action_settings(self) -> None:
         from edge.models.catalog import CATALOG
 
-        models = [(f"{e.name}{'' if e.chat else ' (base model)'}", e.name) for e in CATALOG.values()]
+        models = [(model_label(e), e.name) for e in CATALOG.values()]
         devices = self.devices or ["llamacpp:cpu"]
-        self.push_screen(SettingsScreen(self.settings, models, devices), self._apply_settings)
+        screen = SettingsScreen(self.settings, models, devices, self._system_default())
+        self.push_screen(screen, self._apply_settings)
+
+    def _system_default(self) -> str:
+        """What an empty system prompt means for the loaded model: its template's own text where it has one."""
+        from edge.apps.tui.default_system import default_system
+
+        if self.model is None:
+            return "(the model is not loaded yet)"
+        if not self.model.has_chat_template:
+            return f"(none: {self.model.name} has no chat template)"
+        text = default_system(self.model.template)
+        return text or f"(none: {self.model.name}'s template adds no system prompt)"
 
     def _apply_settings(self, new: ChatSettings | None) -> None:
         if new is None or self._busy():
@@ -414,6 +434,22 @@ class ChatApp(App[None]):
         self._cancel.set()
         if self.model is not None:
             self.model.close()  # waits at most one token for a cancelled generation
+
+
+def model_label(entry: CatalogEntry) -> str:
+    """A model in the settings' list: what it is for, and whether choosing it starts a download."""
+    from edge.models.store import is_verified
+
+    kind = "chat" if entry.chat else "base model, plain completion"
+    pulled = "pulled" if is_verified(entry) else f"not pulled: {entry.size / 1e6:.0f} MB download"
+    return f"{entry.name} ({kind}; {pulled})"
+
+
+def _is_base_model(name: str) -> bool:
+    from edge.models.catalog import CATALOG
+
+    entry = CATALOG.get(name)
+    return entry is not None and not entry.chat
 
 
 def _default_model() -> str:

@@ -90,13 +90,19 @@ class SettingsScreen(ModalScreen["ChatSettings | None"]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(
-        self, settings: ChatSettings, models: Sequence[tuple[str, str]], devices: Sequence[str]
+        self,
+        settings: ChatSettings,
+        models: Sequence[tuple[str, str]],
+        devices: Sequence[str],
+        system_default: str = "",
     ) -> None:
-        """`models`: (label, value) pairs; `devices`: "backend:device" values."""
+        """`models`: (label, value) pairs; `devices`: "backend:device" values; `system_default`: what an empty
+        system prompt means for the loaded model (the placeholder)."""
         super().__init__()
         self.settings = settings
         self.models = list(models)
         self.devices = list(devices)
+        self.system_default = system_default
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -110,8 +116,8 @@ class SettingsScreen(ModalScreen["ChatSettings | None"]):
             yield Select(models, value=s.model or models[0][1], allow_blank=False, id="model")
             yield Label("Backend and device")
             yield Select([(d, d) for d in devices], value=current_dev, allow_blank=False, id="device")
-            yield Label("System prompt (empty: the model's default)")
-            yield Input(s.system, placeholder="You are a helpful assistant.", id="system")
+            yield Label("System prompt (empty: the template's default, shown greyed)")
+            yield Input(s.system, placeholder=self.system_default, id="system")
             yield Label("Temperature (0 = greedy)")
             yield Input(f"{s.temperature:g}", type="number", id="temperature")
             with Horizontal(id="buttons"):

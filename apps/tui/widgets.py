@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from markdown_it import MarkdownIt
+from markdown_it.rules_core import StateCore
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
@@ -9,11 +11,26 @@ from textual.message import Message
 from textual.widgets import Label, Markdown, ProgressBar, Static, TextArea
 
 
+def _soft_breaks_to_hard(state: StateCore) -> None:
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def chat_markdown() -> MarkdownIt:
+    """The gfm-like parser with each single newline kept: models write poems, addresses and steps one line
+    each, and Markdown would join them into one paragraph (fences and lists are parsed as before)."""
+    parser = MarkdownIt("gfm-like")
+    parser.core.ruler.push("soft_breaks_to_hard", _soft_breaks_to_hard)
+    return parser
+
+
 class ChatMessage(Markdown):
     """One message; the role is a CSS class (user, assistant, system, notice)."""
 
     def __init__(self, text: str, role: str, *, stopped: bool = False) -> None:
-        super().__init__(text, classes=role)
+        super().__init__(text, classes=role, parser_factory=chat_markdown)
         self.role = role
         self.border_title = {"user": "you", "assistant": "edge", "system": "system"}.get(role, "")
         if stopped:

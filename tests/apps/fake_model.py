@@ -8,6 +8,7 @@ from typing import Any
 
 from edge.generate import GenerationStats
 from edge.model import Result, Stream
+from edge.models.chat_template import ChatTemplate
 from edge.session import KVState
 
 ANSWER = "Paris is the capital of France.\n\n```python\nprint('bonjour')\n```\n\n- the Seine\n- the Louvre"
@@ -20,9 +21,17 @@ class FakeModel:
     draft = None
 
     def __init__(
-        self, *, fallback: str | None = None, chat_template: bool = True, delay_s: float = 0.0
+        self,
+        *,
+        fallback: str | None = None,
+        chat_template: bool = True,
+        delay_s: float = 0.0,
+        answer: str = ANSWER,
+        template: ChatTemplate | None = None,
     ) -> None:
         self.fallback = fallback
+        self.answer = answer
+        self.template = template
         self.has_chat_template = chat_template
         self.delay_s = delay_s
         self.calls: list[list[dict[str, str]]] = []
@@ -41,7 +50,7 @@ class FakeModel:
         return Stream(self._pieces(is_set))
 
     def _pieces(self, is_set: Callable[[], bool]) -> Generator[str, None, Result]:
-        words = ANSWER.split(" ")
+        words = self.answer.split(" ")
         out = []
         stop = ""
         for i, w in enumerate(words):

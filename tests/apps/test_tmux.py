@@ -5,6 +5,7 @@ answers."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shlex
@@ -145,5 +146,25 @@ def test_chat_on_a_model_not_pulled_yet_shows_the_download_then_answers(tmp_path
         (conv,) = ConversationStore(tmp_path / "conversations").conversations()
         assert conv.messages[-1].role == "assistant" and conv.messages[-1].content.strip()
         assert (cache / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
+    finally:
+        subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)
+
+
+def test_the_first_llamacpp_check_on_a_machine_says_so_on_the_terminal(tmp_path: Path) -> None:
+    """A fresh cache: `edge devices --json` runs llama.cpp's known-answer check (seconds), says so on the
+    terminal's stderr and keeps stdout JSON; the next run recalls the verdict and says nothing."""
+    from edge.devices.native_check import CHECKING
+
+    out = tmp_path / "devices.json"
+    cache = f"EDGE_CACHE_DIR={shlex.quote(str(tmp_path / 'cache'))}"
+    t = start(tmp_path, f"devices --json > {shlex.quote(str(out))}", env_extra=cache)
+    try:
+        screen = t.wait(lambda s: "EXIT=" in s, timeout=120)
+        assert "EXIT=0" in screen and screen.count(CHECKING) == 1, screen
+        json.loads(out.read_text())  # the line went to stderr only
+        t("kill-server")
+        t = start(tmp_path, "devices", env_extra=cache)
+        screen = t.wait(lambda s: "EXIT=" in s, timeout=120)
+        assert "EXIT=0" in screen and CHECKING not in screen, screen
     finally:
         subprocess.run(["tmux", "-L", t.socket, "kill-server"], capture_output=True)

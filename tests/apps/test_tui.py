@@ -14,14 +14,16 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Label, OptionList, ProgressBar
+from textual.widgets import Input, Label, OptionList, ProgressBar
 
 from edge.apps.tui.app import ChatApp
+from edge.apps.tui.default_system import default_system
 from edge.apps.tui.screens import ConversationsScreen, HelpScreen, SettingsScreen
 from edge.apps.tui.settings import ChatSettings
 from edge.apps.tui.storage import Conversation, ConversationStore, Message
 from edge.apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
-from edge.models.store import PullProgress
+from edge.models.chat_template import ChatTemplate
+from edge.models.store import PullProgress, resolve_model
 from tests.apps.fake_model import ANSWER, FakeModel
 
 SIZE = (100, 34)
@@ -115,6 +117,58 @@ async def test_send_streams_markdown_and_saves(tmp_path: Path) -> None:
     assert fake.closed
 
 
+POEM = "Roses are red,\nviolets are blue.\n\n```\nx = 1\ny = 2\n```\n\n- one\n- two"
+
+
+@sync
+async def test_single_line_breaks_are_kept_in_answers(tmp_path: Path) -> None:
+    """A poem stays one line a verse, while streamed and when reopened; fences and lists render as before."""
+    app, _ = fake_app(tmp_path, FakeModel(answer=POEM))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        await send(pilot, "A poem")
+        await wait_for(pilot, lambda: not app.generating and len(messages(app)) == 2)
+        for reopened in (False, True):
+            if reopened:  # as from the history: the whole text at once
+                app._show_conversation(app.conv)
+                await pilot.pause()
+            answer = messages(app)[1]
+            paragraph = answer.query("MarkdownParagraph").first()
+            assert str(paragraph._content) == "Roses are red,\nviolets are blue."
+            assert "x = 1\ny = 2" in str(answer.query_one("MarkdownFence").code)
+            assert len(answer.query("MarkdownBulletList MarkdownBullet")) == 2
+
+
+@sync
+async def test_a_new_conversation_clears_the_last_answers_stats(tmp_path: Path) -> None:
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        await send(pilot, "Capital of France")
+        await wait_for(pilot, lambda: not app.generating and len(messages(app)) == 2)
+        assert "TTFT 42 ms" in stats(app) and "KV 40/4096" in stats(app)
+        await pilot.press("ctrl+n")
+        assert not messages(app)
+        assert "TTFT" not in stats(app) and "KV" not in stats(app)
+        assert "fake-135m" in stats(app)  # the model and where it runs stay
+
+
+@sync
+async def test_notifications_do_not_cover_the_input_or_the_stats(tmp_path: Path) -> None:
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        for i in range(3):
+            app.notify(f"notice {i}: a long enough line to wrap over two lines of the toast", timeout=30)
+        await wait_for(pilot, lambda: len(app.screen.query("Toast")) == 3, timeout=10)
+        await pilot.pause()
+        covered = [app.query_one(PromptInput).region, app.query_one(StatsBar).region]
+        covered.append(app.query_one("Header").region)
+        for toast in app.screen.query("Toast"):
+            assert toast.region.area > 0
+            assert not any(toast.region.overlaps(r) for r in covered), (toast.region, covered)
+
+
 @sync
 async def test_multiline_input(tmp_path: Path) -> None:
     app, fake = fake_app(tmp_path)
@@ -156,7 +210,31 @@ async def test_fallback_and_base_model_notices(tmp_path: Path) -> None:
         assert "fallback npu -> cpu" in stats(app)
         assert "completion mode" in stats(app)
         notice = messages(app)[0]
-        assert notice.role == "notice" and "no chat template" in notice.source
+        assert notice.role == "notice" and "without a chat template" in notice.source
+        assert "plain text completion" in notice.source
+
+
+@sync
+async def test_the_model_list_says_what_each_model_is_and_what_is_pulled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A private cache holding only smollm2-135m (linked from the shared one, with its verified marker)."""
+    smollm = resolve_model("smollm2-135m")
+    marker = smollm.with_name(smollm.name + ".verified.json")
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / smollm.name).symlink_to(smollm)
+    (models / marker.name).write_bytes(marker.read_bytes())
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    app, _ = fake_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.model is not None)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        labels = dict((v, label) for label, v in app.screen.models)  # type: ignore[attr-defined]
+    assert labels["smollm2-135m"] == "smollm2-135m (chat; pulled)"
+    assert labels["gemma3-270m"] == "gemma3-270m (base model, plain completion; not pulled: 253 MB download)"
+    assert labels["qwen2.5-coder-1.5b"] == "qwen2.5-coder-1.5b (chat; not pulled: 1117 MB download)"
 
 
 @sync
@@ -264,6 +342,43 @@ async def test_settings_change_model_device_system_and_temperature(tmp_path: Pat
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
+
+
+# SmolLM2's template, shortened: ChatML with a default system prompt of its own
+CHATML = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Gemma's shape: a system prompt is folded into the first user turn, and there is none by default
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set first = messages[0]['content'] + '\\n\\n' %}"
+    "{% set rest = messages[1:] %}{% else %}{% set first = '' %}{% set rest = messages %}{% endif %}"
+    "{% for m in rest %}<start_of_turn>{{ m['role'] }}\\n{{ (first if loop.first else '') + m['content'] }}"
+    "<end_of_turn>\\n{% endfor %}"
+)
+
+
+def test_the_default_system_prompt_is_read_from_the_template() -> None:
+    assert default_system(ChatTemplate(CHATML)) == "You are SmolLM, trained by Hugging Face"
+    assert default_system(ChatTemplate(GEMMA, bos_token="<bos>")) is None
+    assert default_system(None) is None
+
+
+@sync
+async def test_settings_show_the_templates_own_default_system_prompt(tmp_path: Path) -> None:
+    for model, shown in (
+        (FakeModel(template=ChatTemplate(CHATML)), "You are SmolLM, trained by Hugging Face"),
+        (FakeModel(template=ChatTemplate(GEMMA)), "(none: fake-135m's template adds no system prompt)"),
+        (FakeModel(chat_template=False), "(none: fake-135m has no chat template)"),
+    ):
+        app, _ = fake_app(tmp_path, model)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.model is not None)  # noqa: B023
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))  # noqa: B023
+            assert app.screen.query_one("#system", Input).placeholder == shown
 
 
 # -- snapshots of the main screens ---------------------------------------------------------------------------

@@ -186,7 +186,7 @@ def test_base_model_runs_as_completion_with_a_note() -> None:
     prompt = "The capital of France is"
     proc = edge("run", "gemma3-270m", prompt, "--temperature", "0", "--max-tokens", "8", "--json")
     assert proc.returncode == 0, proc.stderr
-    assert "no chat template" in proc.stderr and "plain completion" in proc.stderr
+    assert "gemma3-270m is a base model with no chat template; running as plain completion" in proc.stderr
     out = json.loads(proc.stdout)
     llm = llama_cpp.Llama(model_path=str(resolve_model("gemma3-270m")), n_ctx=256, n_threads=2, verbose=False)
     ids = llm.tokenize(prompt.encode(), add_bos=True, special=True)  # gemma adds BOS; no template applied
