@@ -11,15 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge import __version__
+from edge.cli_args import add_load_args, load_kwargs
 from edge.errors import EdgeError, ModelNotFoundError
 
 # --draft of run, chat and serve (edge.drafters.open_drafters)
-DRAFT_HELP = (
-    "speculative decoding: auto (default: prompt lookup, plus a compatible draft model already pulled, on the "
-    "own-graph backends ort/openvino; greedy generations are drafted only where that cannot change them: "
-    "ort at --precision fast, checked batch-invariant, or --precision exact), none, ngram, "
-    "or a draft model (catalog name or .gguf path)"
-)
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -123,19 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop=tuple(args.stop or ()),
         response_format=cli_grammar(args.json_schema, args.json_object),
     ).config()
-    with load(
-        model,
-        backend=args.backend,
-        device=args.device,
-        fallback=args.fallback or False,
-        emulate=args.emulate,
-        n_ctx=args.ctx_size,
-        n_threads=args.threads,
-        precision=args.precision,
-        draft=args.draft,
-        draft_device=args.draft_device,
-        draft_k=args.draft_k,
-    ) as m:
+    with load(model, **load_kwargs(args)) as m:
         p = m.placement
         loaded = _backend_config(p.backend)
         for line in _run_notes(m, args, config, loaded):
@@ -287,16 +270,10 @@ def _open_chat(model: str | None, args: argparse.Namespace) -> int:
     return int(
         found[0].load()(
             model=model,
-            device=args.device,
-            backend=args.backend,
-            fallback=args.fallback or False,
-            draft=args.draft,
             system=getattr(args, "system", None) or "",
             temperature=args.temperature,
             max_tokens=args.max_tokens,
-            n_ctx=args.ctx_size,
-            n_threads=args.threads,
-            precision=args.precision,
+            **load_kwargs(args),
         )
     )
 
@@ -410,38 +387,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 # -- edge bench / eval ----------------------------------------------------------------------------
-def _placement_args(p: argparse.ArgumentParser) -> None:
-    """--device, --backend and --fallback, the same for `edge run` and `edge chat`."""
-    p.add_argument(
-        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
-    )
-    p.add_argument(
-        "--backend",
-        default="auto",
-        help="auto, or a backend `edge devices` lists as ready: llamacpp | ort | openvino (default auto: the "
-        "backend measured fastest for the model here; --explain says why)",
-    )
-    p.add_argument(
-        "--fallback",
-        nargs="?",
-        const="cpu",
-        default=None,
-        metavar="DEVICE",
-        help="run on DEVICE (default cpu) if the asked-for one is absent (announced)",
-    )
-    _precision_arg(p)
-
-
-def _precision_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--precision",
-        choices=("fast", "exact"),
-        default="fast",
-        help="fast: int8 activations where a backend has them, as llama.cpp computes (default); "
-        "exact: fp32 math on the file's own blocks",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edge", description="Run LLMs on the CPU, iGPU and NPU in front of you."
@@ -453,15 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt"
     )
-    _placement_args(run)
-    run.add_argument(
-        "--emulate", action="store_true", help="--device npu: the NPU-shaped static graphs, run on the CPU"
-    )
-    run.add_argument("--draft", default="auto", help=DRAFT_HELP)
-    run.add_argument(
-        "--draft-device", default="cpu", help="[backend:]device of the draft model (default cpu)"
-    )
-    run.add_argument("--draft-k", type=int, default=16, help="most tokens drafted per step (default 16)")
+    add_load_args(run)
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
     run.add_argument("--top-k", type=int, default=40)
@@ -475,8 +412,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--json-schema", metavar="FILE", default=None, help="answer with JSON matching this JSON Schema"
     )
     shape.add_argument("--json-object", action="store_true", help="answer with a JSON object")
-    run.add_argument("--ctx-size", type=int, default=4096)
-    run.add_argument("--threads", type=int, default=None)
     run.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     run.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     run.add_argument("--explain", action="store_true", help="print the placement plan to stderr")
@@ -484,13 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the terminal chat app (Textual)")
     chat.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path")
-    _placement_args(chat)
-    chat.add_argument("--draft", default="auto", help=DRAFT_HELP)
+    add_load_args(chat)
     chat.add_argument("--system", default="", help="system prompt of new conversations")
     chat.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
     chat.add_argument("--max-tokens", type=int, default=512)
-    chat.add_argument("--ctx-size", type=int, default=4096)
-    chat.add_argument("--threads", type=int, default=None)
     chat.set_defaults(func=cmd_chat)
 
     tok = sub.add_parser("tokenize", help="token ids of a text (no BOS/EOS added)")

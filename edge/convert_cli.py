@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from edge.cli_args import add_precision
+
 __all__ = ["add_parser", "cmd_convert", "explain_lines"]
 
 
@@ -44,9 +46,7 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="MatMulNBits accuracy level: 0 fp32-exact, 4 int8 activations (default: from --precision)",
     )
-    from edge.cli import _precision_arg
-
-    _precision_arg(conv)
+    add_precision(conv)
     conv.add_argument("-o", "--output", type=Path, default=None, help="artifact directory")
     conv.add_argument("--explain", action="store_true", help="list the passes and their effect")
     conv.add_argument("--json", action="store_true", help="print one JSON object (the manifest's summary)")

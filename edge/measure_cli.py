@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edge.cli import _precision_arg
+from edge.cli_args import add_device_args
 from edge.errors import EdgeError
 
 
@@ -157,12 +157,10 @@ def add_parsers(sub: Any) -> None:
         help="also measure a device plan, e.g. hetero:openvino:cpu,ort:cpu or npu-emulated (repeatable); "
         "reports each partition's time",
     )
-    ben.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
-    _precision_arg(ben)
+    add_device_args(ben)
     ben.add_argument("--prompt-tokens", type=int, default=128)
     ben.add_argument("--gen-tokens", type=int, default=128)
     ben.add_argument("--repeat", type=int, default=5, help="rounds, backends interleaved (default 5)")
-    ben.add_argument("--threads", type=int, default=None, help="default: physical cores")
     ben.add_argument(
         "--draft", default=None, help="also decode with this draft model (or 'ngram') vs without, same run"
     )
@@ -190,8 +188,7 @@ def add_parsers(sub: Any) -> None:
         default="llamacpp",
         help="a backend, or an artifact directory of the same model (any quantization: same tokenizer)",
     )
-    ev.add_argument("--device", default="cpu", help="cpu | gpu (default cpu)")
-    _precision_arg(ev)
+    add_device_args(ev)
     ev.add_argument(
         "--reference-precision",
         choices=("fast", "exact"),
@@ -200,7 +197,6 @@ def add_parsers(sub: Any) -> None:
     )
     ev.add_argument("--text", type=Path, default=None, help="UTF-8 text file (default: the shipped eval.txt)")
     ev.add_argument("--tokens", type=int, default=1024, help="tokens of the text to score (default 1024)")
-    ev.add_argument("--threads", type=int, default=None)
     ev.add_argument(
         "--test-chunk",
         type=int,

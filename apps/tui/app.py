@@ -470,6 +470,9 @@ def _load_model(settings: ChatSettings, on_progress: PullProgress) -> Model:
         n_ctx=settings.n_ctx,
         n_threads=settings.n_threads,
         precision=settings.precision,
+        emulate=settings.emulate,
+        draft_device=settings.draft_device,
+        draft_k=settings.draft_k,
         on_progress=on_progress,
     )
 

@@ -18,6 +18,9 @@ class ChatSettings:
     n_ctx: int = 4096
     n_threads: int | None = None
     precision: str = "fast"  # fast | exact (the graph backends')
+    emulate: bool = False  # --device npu: the NPU-shaped graphs on the CPU
+    draft_device: str = "cpu"  # [backend:]device of a draft model
+    draft_k: int = 16  # most tokens drafted per step
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -36,4 +39,7 @@ class ChatSettings:
             self.n_ctx,
             self.n_threads,
             self.precision,
+            self.emulate,
+            self.draft_device,
+            self.draft_k,
         )

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 from typing import Any
 
-from edge.cli import DRAFT_HELP
+from edge.cli_args import add_load_args, load_kwargs
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -60,38 +59,14 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, the time requests in flight get to finish (default 5)",
     )
-    srv.add_argument("--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,...")
-    srv.add_argument(
-        "--backend",
-        default="auto",
-        help="auto, or a backend `edge devices` lists as ready: llamacpp | ort | openvino (default auto: the "
-        "fastest measured for each model here)",
-    )
-    srv.add_argument("--fallback", nargs="?", const="cpu", default=None, metavar="DEVICE")
-    srv.add_argument("--precision", choices=("fast", "exact"), default="fast")
-    srv.add_argument("--ctx-size", type=int, default=4096)
-    srv.add_argument("--threads", type=int, default=None)
-    srv.add_argument("--draft", default="auto", help=DRAFT_HELP)
-    srv.add_argument("--draft-device", default="cpu")
+    add_load_args(srv)
     srv.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from edge.api import load
     from edge.server.config import Limits
     from edge.server.runner import serve
 
-    load_opts: dict[str, Any] = {
-        "device": args.device,
-        "backend": args.backend,
-        "fallback": args.fallback or False,
-        "n_ctx": args.ctx_size,
-        "n_threads": args.threads,
-        "draft": args.draft,
-        "draft_device": args.draft_device,
-    }
-    if "precision" in inspect.signature(load).parameters:
-        load_opts["precision"] = args.precision
     serve(
         args.models,
         host=args.host,
@@ -103,6 +78,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         limits=Limits(max_tokens=args.max_tokens, queue_size=args.queue),
         grace_s=args.grace,
-        **load_opts,
+        **load_kwargs(args),
     )
     return 0
