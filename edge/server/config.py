@@ -28,6 +28,8 @@ class LoadSettings:
     n_threads: int | None = None  # None: the physical cores, split between the replicas
     draft: str | None = "auto"  # see edge.drafters.open_drafters
     draft_device: str = "cpu"
+    draft_k: int = 16
+    emulate: bool = False  # --device npu: the NPU-shaped graphs on the CPU
 
 
 @dataclass(frozen=True)

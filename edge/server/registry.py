@@ -42,6 +42,8 @@ def load_model(ref: str, settings: LoadSettings, n_threads: int | None) -> edge.
         n_ctx=settings.n_ctx,
         n_threads=n_threads,
         draft_device=settings.draft_device,
+        draft_k=settings.draft_k,
+        emulate=settings.emulate,
         precision=settings.precision,
     )
 

@@ -64,3 +64,6 @@ def test_serve_passes_them_to_load() -> None:
 
     fields = set(inspect.signature(LoadOptions).parameters)
     assert set(kw) <= fields  # every keyword is an edge.load option
+    from edge.server.config import LoadSettings
+
+    assert LoadSettings(**kw).draft_k == 4  # and the server's settings take each of them
