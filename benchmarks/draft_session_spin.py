@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.evaluate import text_ids  # noqa: E402
 from edge.metrics import kl_divergence  # noqa: E402
 from edge.models.gguf_file import open_gguf  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 from edge.models.tokenizer import load_tokenizer  # noqa: E402
 from tests.tiny_models import TinySpec, write_tiny_model  # noqa: E402
 

@@ -29,7 +29,7 @@ import onnxruntime as ort  # noqa: E402
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions  # noqa: E402
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.models.gguf_file import open_gguf  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 
 
 def main() -> None:

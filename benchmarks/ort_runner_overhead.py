@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import edge.devices.runners as runners  # noqa: E402
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 
 
 class _TimedSession:

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 from edge.graph_opt._rules import ROLE_KEY  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 
 PROTO_LIMIT = 2**31 - 2**24  # an fp32 weight must fit one protobuf message (2 GiB), with room for the rest
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from edge.evaluate import EvalConfig, evaluate  # noqa: E402
 from edge.graph_opt import QuantSpec  # noqa: E402
 from edge.models.convert import ConvertOptions, convert  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 from tests.rotated_model import llamacpp_quantize, write_rotated_f32  # noqa: E402
 
 # (ftype, embedding and head at Q8_0 as edge's INT4 policy keeps them at INT8); otherwise llama.cpp's defaults

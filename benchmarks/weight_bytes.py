@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions  # noqa: E402
 from edge.models.gguf_file import open_gguf  # noqa: E402
-from edge.models.store import resolve_model  # noqa: E402
+from edge.models.resolve import resolve_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ELEMENT_BYTES = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.FLOAT16: 2}

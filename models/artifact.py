@@ -151,7 +151,7 @@ class Artifact:
     def source_path(self, *, verify: bool = True) -> Path:
         """The GGUF the artifact was converted from (a catalog model by name, else its recorded path); with
         verify, its sha256 must match the manifest's."""
-        from edge.models.store import resolve_model
+        from edge.models.resolve import resolve_model
 
         name, recorded = self.source.get("name"), self.source.get("path")
         if name:

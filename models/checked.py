@@ -23,7 +23,8 @@ from edge.models.arch import check_block_count
 from edge.models.artifact import Artifact, is_artifact, open_artifact
 from edge.models.catalog import CATALOG, DEFAULT_MODEL
 from edge.models.gguf_file import GGUFFile, open_gguf
-from edge.models.store import PullProgress, resolve_model
+from edge.models.resolve import resolve_model
+from edge.models.store import PullProgress
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = ["CheckedModel", "as_checked", "check_model"]

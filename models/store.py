@@ -1,4 +1,5 @@
-"""Where models live on disk, and turning a MODEL argument (catalog name or path) into a file."""
+"""Where models live on disk: the cache folder, a catalog model's file and its verified marker (models.resolve
+turns a MODEL argument into a file, pulling it when needed)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from typing import TypeAlias
 
 import platformdirs
 
-from edge.errors import ModelNotFoundError
-from edge.models.catalog import CATALOG, CatalogEntry, near_names
+from edge.models.catalog import CatalogEntry
 
 # What a pull reports (models.pull): (done_bytes, total_bytes, phase); phase is "download" while the file
 # arrives, then "verified" once, when its SHA-256 matched the catalog's.
@@ -58,33 +58,4 @@ def is_verified(entry: CatalogEntry) -> bool:
         and mark.get("sha256") == entry.sha256
         and mark.get("size") == st.st_size
         and mark.get("mtime_ns") == st.st_mtime_ns
-    )
-
-
-def resolve_model(model: str, *, pull_missing: bool = True, on_progress: PullProgress | None = None) -> Path:
-    """A catalog name (pulled on first use), a path to a local .gguf file, or an artifact directory.
-
-    `on_progress(done_bytes, total_bytes, phase)` sees a pull; None shows it on stderr."""
-    entry = CATALOG.get(model)
-    if entry is not None:
-        if is_verified(entry):
-            return model_path(entry)
-        if not pull_missing:
-            raise ModelNotFoundError(f"model {model!r} is not pulled yet", hint=f"run: edge pull {model}")
-        from edge.models.pull import pull  # a network step, imported only when needed
-
-        return pull(entry, on_progress=on_progress)
-    path = Path(model).expanduser()
-    if path.is_file():
-        return path
-    if (path / "manifest.json").is_file():  # an artifact directory written by `edge convert`
-        return path
-    if path.exists():
-        raise ModelNotFoundError(f"{model!r} is not a regular file", hint="pass a .gguf file")
-    names = ", ".join(CATALOG)
-    near = near_names(model)
-    meant = f"; did you mean {' or '.join(near)}?" if near else ""
-    raise ModelNotFoundError(
-        f"no model named {model!r} and no such file{meant}",
-        hint=f"use a catalog name ({names}) or a path to a .gguf",
     )

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from edge.models.catalog import CATALOG
-from edge.models.store import cache_dir, resolve_model
+from edge.models.resolve import resolve_model
+from edge.models.store import cache_dir
 
 # The cache this test run started with (CI: an empty folder under the checkout, see .ci/run). Catalog models
 # are pulled into it at most once per run, whatever private caches the tests switch to.

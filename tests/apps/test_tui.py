@@ -23,7 +23,8 @@ from edge.apps.tui.settings import ChatSettings
 from edge.apps.tui.storage import Conversation, ConversationStore, Message
 from edge.apps.tui.widgets import ChatMessage, PromptInput, PullBar, StatsBar
 from edge.models.chat_template import ChatTemplate
-from edge.models.store import PullProgress, resolve_model
+from edge.models.resolve import resolve_model
+from edge.models.store import PullProgress
 from tests.apps.fake_model import ANSWER, FakeModel
 
 SIZE = (100, 34)

@@ -14,7 +14,7 @@ import pytest
 
 from edge.api import load
 from edge.generate import GenerationConfig
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from edge.sampling import SamplingConfig
 from tests.shared_cache import share_models
 

@@ -13,7 +13,7 @@ from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, ope
 from edge.graph_opt import QuantSpec
 from edge.models.artifact import open_artifact
 from edge.models.convert import ConvertOptions, convert
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from edge.models.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("edge_cache")]

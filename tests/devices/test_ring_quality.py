@@ -9,7 +9,7 @@ import pytest
 from edge.data import read_text
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.models.gguf_file import open_gguf
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from edge.models.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from tests.shared_cache import pull_named_models
 
 EDGE = [sys.executable, "-m", "edge.cli"]

@@ -114,7 +114,7 @@ def test_auto_pairs_catalog_models_on_own_graphs() -> None:
     from tests.shared_cache import pull_named_models
 
     pull_named_models(["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
-    from edge.models.store import resolve_model
+    from edge.models.resolve import resolve_model
 
     big = resolve_model("qwen2.5-coder-1.5b")
     tok = load_tokenizer(open_gguf(big).metadata)

@@ -12,7 +12,7 @@ from edge.evaluate import EvalConfig, evaluate
 from edge.graph_opt import QuantSpec
 from edge.metrics import EvalMetrics
 from edge.models.convert import ConvertOptions, convert
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from tests.rotated_model import llamacpp_quantize, write_rotated_f32
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("edge_cache")]

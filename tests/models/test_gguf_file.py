@@ -167,7 +167,8 @@ CATALOG_FILES = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"]
 @pytest.mark.parametrize("name", CATALOG_FILES)
 def test_catalog_file_agrees_with_gguf_reader(name: str) -> None:
     from edge.models.catalog import CATALOG
-    from edge.models.store import model_path, resolve_model
+    from edge.models.resolve import resolve_model
+    from edge.models.store import model_path
 
     path = model_path(CATALOG[name])
     if not path.is_file():

@@ -15,7 +15,8 @@ import pytest
 from edge.errors import ChecksumError, ModelNotFoundError, PullError
 from edge.models.catalog import CATALOG, WheelPart
 from edge.models.pull import pull
-from edge.models.store import is_verified, model_path, resolve_model
+from edge.models.resolve import resolve_model
+from edge.models.store import is_verified, model_path
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from edge.models.gguf_file import open_gguf
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.models.tokenizer_corpus import corpus
 

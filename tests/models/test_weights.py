@@ -439,7 +439,7 @@ REAL_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-cod
 def test_real_model_weights(model: str, tmp_path: Path) -> None:
     """Type inventory of a real model; one linear weight of each type imports exactly and runs in ORT and
     OpenVINO; token_embd rows decode like gguf-py."""
-    from edge.models.store import resolve_model
+    from edge.models.resolve import resolve_model
 
     gguf = open_gguf(resolve_model(model))
     inventory = Counter(T(t.ggml_type).name for t in gguf.tensors.values())

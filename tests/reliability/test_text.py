@@ -15,7 +15,7 @@ from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.errors import ContextOverflowError
 from edge.generate import Generation, GenerationConfig, _StopMatcher
 from edge.models.gguf_file import open_gguf
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from edge.models.tokenizer import Tokenizer, load_tokenizer
 from tests.reliability.conftest import assert_one_line_error, cli
 
