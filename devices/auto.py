@@ -28,6 +28,7 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from edge.devices.llamacpp import INSTALL_LLAMACPP
 from edge.errors import BackendUnavailableError, ModelFormatError
 from edge.models.jsonstore import read_json, write_json
 
@@ -50,7 +51,6 @@ REF_PROMPT, REF_GEN = 128, 128  # the reference request "fastest" is timed on
 SPEEDS_FILE = "backend-speed.json"
 _FORMAT = 1
 _DISTS = {"llamacpp": "llama-cpp-python", "ort": "onnxruntime", "openvino": "openvino"}
-INSTALL_LLAMACPP = 'pip install "edge-llm[llamacpp]"'
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Choice:
 def machine_key(threads: int | None) -> dict[str, Any]:
     """What a measurement holds for: the CPU, the thread count, the runtimes' versions (installed ones) and the
     own graphs' format (a graph change, such as a new attention form, makes earlier measurements stale)."""
-    from edge.devices.discovery import probe_cpu
+    from edge.devices.cpu import probe_cpu
     from edge.devices.graph_decoder import GRAPH_FORMAT
 
     cpu = probe_cpu()

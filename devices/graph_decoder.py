@@ -20,9 +20,9 @@ import numpy as np
 from edge.devices.base import Capabilities
 from edge.devices.invariance import rows_invariant
 from edge.devices.mapped import release_heap
-from edge.devices.registry import check_precision, graph_runner
+from edge.devices.precision import check_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
-from edge.devices.runners import Runner, RunnerOptions
+from edge.devices.runners import Runner, RunnerOptions, graph_runner
 from edge.errors import ModelFormatError
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes

@@ -25,7 +25,7 @@ __all__ = ["rows_invariant"]
 
 
 def _key(graph: Path, backend: str) -> str:
-    from edge.devices.discovery import probe_cpu
+    from edge.devices.cpu import probe_cpu
 
     st = graph.stat()
     dist = {"ort": "onnxruntime", "openvino": "openvino"}.get(backend, backend)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.devices.auto import INSTALL_LLAMACPP
 from edge.devices.base import Capabilities, KVFill
 from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
 from edge.models.checked import CheckedModel, as_checked
+
+INSTALL_LLAMACPP = 'pip install "edge-llm[llamacpp]"'  # an extra: it builds llama.cpp from source
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def _library() -> dict[str, Any]:
 
 
 def _key(config: NativeConfig, library: dict[str, Any]) -> str:
-    from edge.devices.discovery import probe_cpu
+    from edge.devices.cpu import probe_cpu
 
     cpu = probe_cpu()
     loaded = [config.name, config.extra_bufts, config.fault]  # what the child runs (the label is words)

@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from edge.devices.base import Capabilities, PartitionInfo
-from edge.devices.registry import graph_runner
 from edge.devices.ring_decoder import RingDecoder
-from edge.devices.runners import Runner, RunnerOptions
+from edge.devices.runners import Runner, RunnerOptions, graph_runner
 from edge.errors import DeviceError
 from edge.models.arch import ArchConfig
 from edge.models.jsonstore import write_json

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.devices.auto import AUTO, INSTALL_LLAMACPP, Choice, choose_backend
+from edge.devices.auto import AUTO, Choice, choose_backend
 from edge.devices.base import Decoder
+from edge.devices.llamacpp import INSTALL_LLAMACPP
 from edge.devices.memory import check_fits
 from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
 from edge.devices.placement import Placement

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge.devices.base import Decoder
-from edge.devices.discovery import BackendStatus, probe_coreml, probe_llamacpp, probe_openvino, probe_ort
 from edge.devices.memory import MemoryEstimate, MemoryEstimator, graph_memory, llamacpp_memory
-from edge.devices.runners import OpenVinoRunner, OrtRunner, Runner, RunnerOptions
-from edge.errors import BackendUnavailableError, DeviceError
+from edge.devices.precision import PRECISIONS, check_precision
+from edge.devices.probes import BackendStatus, probe_coreml, probe_llamacpp, probe_openvino, probe_ort
+from edge.devices.runners import GRAPH_RUNNERS, Runner, RunnerOptions, graph_runner
+from edge.errors import BackendUnavailableError
 from edge.models.checked import CheckedModel, as_checked
 
 __all__ = [
@@ -30,16 +31,6 @@ __all__ = [
     "require_backend",
     "runnable_backends",
 ]
-
-# fast: a backend may quantize activations to int8 (ORT accuracy level 4, OpenVINO's dynamic quantization)
-# and keep lower-precision state, as llama.cpp does; exact: fp32 math on the file's own blocks
-PRECISIONS = ("fast", "exact")
-
-
-def check_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise ValueError(f"--precision must be fast or exact, not {precision!r}")
-    return precision
 
 
 @dataclass(frozen=True)
@@ -115,8 +106,8 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend("llamacpp", probe_llamacpp, _llamacpp, llamacpp_memory),
-        Backend("ort", probe_ort, _graph("ort"), graph_memory, OrtRunner),
-        Backend("openvino", probe_openvino, _graph("openvino"), graph_memory, OpenVinoRunner),
+        Backend("ort", probe_ort, _graph("ort"), graph_memory, GRAPH_RUNNERS["ort"]),
+        Backend("openvino", probe_openvino, _graph("openvino"), graph_memory, GRAPH_RUNNERS["openvino"]),
         Backend("coreml", probe_coreml),  # edge convert --target coreml; prediction needs macOS
     )
 }
@@ -137,15 +128,6 @@ def require_backend(backend: str) -> Backend:
             f"backend {backend!r} {what}; runnable backends: {runnable}", hint=f"use one of: {runnable}"
         )
     return entry
-
-
-def graph_runner(backend: str) -> RunnerFactory:
-    """The runner that compiles and runs edge's own graphs on `backend`."""
-    entry = BACKENDS.get(backend)
-    if entry is None or entry.runner is None:
-        have = sorted(b.name for b in BACKENDS.values() if b.runner is not None)
-        raise DeviceError(f"no graph runner for backend {backend!r}", hint=f"use one of {have}")
-    return entry.runner
 
 
 def estimate_memory(backend: str, model: CheckedModel | Path, n_ctx: int) -> MemoryEstimate | None:

@@ -5,7 +5,7 @@ A runner takes feeds (numpy arrays, bound by pointer) and returns the requested 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -247,3 +247,20 @@ class OpenVinoRunner:
     def close(self) -> None:
         self.request = None  # type: ignore[assignment]
         self.compiled = None  # type: ignore[assignment]
+
+
+# the runners of edge's own graphs, by backend (the registry's rows name them; partitions open them by name)
+GRAPH_RUNNERS: dict[str, Callable[[Path, RunnerOptions], Runner]] = {
+    "ort": OrtRunner,
+    "openvino": OpenVinoRunner,
+}
+
+
+def graph_runner(backend: str) -> Callable[[Path, RunnerOptions], Runner]:
+    """The runner that compiles and runs edge's own graphs on `backend`."""
+    runner = GRAPH_RUNNERS.get(backend)
+    if runner is None:
+        raise DeviceError(
+            f"no graph runner for backend {backend!r}", hint=f"use one of {sorted(GRAPH_RUNNERS)}"
+        )
+    return runner
