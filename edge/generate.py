@@ -14,6 +14,7 @@ from edge.errors import ContextOverflowError, GenerationCancelled
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
+    from edge.fastforward import FastForwardDecoding, ForcedStats
     from edge.grammar import Constraint, Grammar
     from edge.models.tokenizer import Tokenizer
     from edge.session import KVSession
@@ -31,6 +32,9 @@ class GenerationConfig:
     prefill_chunk: int = 512
     # constrained output (edge/grammar.py): every token is sampled from what the grammar admits next
     grammar: Grammar | None = None
+    # with a grammar: the tokens it forces are fed in one forward and verified, not drawn one step each
+    # (edge/fastforward.py); False decodes them one step each (edge bench compares the two)
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -61,6 +65,7 @@ class GenerationStats:
         ""  # "eos" | "stop" | "grammar" (its value complete) | "length" | "context" | "cancelled"
     )
     draft: DraftStats | None = None  # speculative decoding's statistics, when a draft was used
+    forced: ForcedStats | None = None  # a grammar's forced tokens, when fast-forward decoded them
     # Older turns that left the window (cut before the prefill or evicted by the ring) and the system prompt
     # tokens kept in their place; 0 while the conversation fits.
     n_dropped_tokens: int = 0
@@ -199,6 +204,7 @@ class Generation:
         self.token_ids: list[int] = []
         self.text = ""
         self.stats = GenerationStats(n_prompt_tokens=len(self.prompt_ids))
+        self._forced: FastForwardDecoding | None = None  # set by _decoding when the grammar's tokens jump
 
     def _check_fits(self) -> None:
         n, ctx = len(self.prompt_ids), self.decoder.n_ctx
@@ -256,7 +262,7 @@ class Generation:
                 t_decode += time.perf_counter() - ts
                 stats.decode_steps += len(tokens)
             reason = ""
-            for token in tokens:
+            for i, token in enumerate(tokens):
                 if token in eog:
                     reason = "eos"
                     break
@@ -269,7 +275,8 @@ class Generation:
                 if stopper.hit:
                     reason = "stop"
                     break
-                if constraint is not None and constraint.done:
+                # the grammar has taken all of the step's tokens (fast-forward): it completes at the last
+                if constraint is not None and i == len(tokens) - 1 and constraint.done:
                     reason = "grammar"
                     break
                 if len(self.token_ids) >= cfg.max_tokens:
@@ -283,6 +290,7 @@ class Generation:
         stats.n_tokens = len(self.token_ids)
         stats.decode_s = t_decode
         stats.draft = decoding.draft_stats()
+        stats.forced = None if self._forced is None else self._forced.stats
         if self.session is not None:
             kv = self.session.state()
             stats.n_dropped_tokens, stats.n_kept_tokens = kv.dropped, kv.kept if kv.dropped else 0
@@ -303,8 +311,13 @@ class Generation:
             return self.decoding or PlainDecoding(dec), None
         from edge.grammar import compile_grammar
 
-        # NOTE: drafts are not masked yet, so a constrained generation decodes one token per forward
-        return PlainDecoding(dec), compile_grammar(grammar, self.tokenizer, dec.vocab_size)
+        constraint = compile_grammar(grammar, self.tokenizer, dec.vocab_size)
+        if not self.config.fast_forward:  # NOTE: drafts are not masked yet: plain steps then
+            return PlainDecoding(dec), constraint
+        from edge.fastforward import FastForwardDecoding
+
+        self._forced = FastForwardDecoding(dec)
+        return self._forced, constraint
 
     def _prefill(self, cached: int = 0) -> np.ndarray | None:
         """The last prompt position's logits, or None when cancelled between chunks. The decoder already

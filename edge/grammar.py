@@ -296,6 +296,14 @@ class Constraint:
         self._check()
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.n_vocab].astype(bool)
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar admits as the only continuation from here (llguidance's fast-forward
+        tokens: the forced bytes in the vocabulary's spelling, short of a last token a longer one could
+        replace); [] when the next token is a choice."""
+        ids = self._m.compute_ff_tokens()
+        self._check()
+        return list(ids)
+
     def advance(self, token: int) -> None:
         if not self._m.consume_token(int(token)):
             self._check()
