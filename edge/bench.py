@@ -131,6 +131,13 @@ class Sample:
     constrained_decode_tok_s: float = 0.0
     plain_decode_same_steps_tok_s: float = 0.0
     constrained_steps: int = 0
+    # --json-schema: whole greedy generations under the grammar, its forced tokens fed in one forward
+    # (edge/fastforward.py) and drawn one step each, in tokens per second of decode; whether their outputs
+    # are the same token for token; how many tokens were forced
+    fast_forward_tok_s: float = 0.0
+    step_by_step_tok_s: float = 0.0
+    fast_forward_identical: bool = True
+    forced_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,15 @@ class BackendResult:
                 ),
                 4,
             )
+        if all(s.step_by_step_tok_s for s in self.samples):
+            out["fast_forward_tok_s"] = round(
+                statistics.median(s.fast_forward_tok_s for s in self.samples), 2
+            )
+            out["ratio_fast_forward"] = round(
+                statistics.median(s.fast_forward_tok_s / s.step_by_step_tok_s for s in self.samples), 4
+            )
+            out["fast_forward_identical"] = all(s.fast_forward_identical for s in self.samples)
+            out["forced_tokens"] = self.samples[0].forced_tokens
         out["ratio_ttft"] = round(self.ttft_ms.median / against.ttft_ms.median, 4)
         out["decode_roofline_fraction"] = round(self.decode_tok_s.median / bound_tok_s, 4)
         out["samples"] = {
@@ -358,6 +374,7 @@ def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfi
             p2 = _partition_times(dec)
             batch = _batch_costs(dec, token)
             constrained = _constrained_decode(dec, model, prompt, cfg) if cfg.grammar else (0, 0.0)
+            jumps = _fast_forward(dec, model, prompt, cfg) if cfg.grammar else _Jumps()
             dec.reset()
             t0 = time.perf_counter()
             dec.forward(prompt, last_only=True)
@@ -387,6 +404,39 @@ def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfi
         if constrained[0]
         else 0.0,
         constrained_steps=constrained[0],
+        fast_forward_tok_s=jumps.fast_tok_s,
+        step_by_step_tok_s=jumps.step_tok_s,
+        fast_forward_identical=jumps.identical,
+        forced_tokens=jumps.forced,
+    )
+
+
+@dataclass(frozen=True)
+class _Jumps:
+    fast_tok_s: float = 0.0
+    step_tok_s: float = 0.0
+    identical: bool = True
+    forced: int = 0
+
+
+def _fast_forward(dec: Decoder, model: CheckedModel, prompt: list[int], cfg: BenchConfig) -> _Jumps:
+    """The same greedy generation under `cfg.grammar` with and without fast-forward, through the generation
+    loop itself: decode tok/s (tokens after the prompt over the time after it) of each."""
+    from edge.generate import Generation, GenerationConfig
+
+    runs = []
+    for fast in (True, False):
+        gen_cfg = GenerationConfig(max_tokens=cfg.gen_tokens, grammar=cfg.grammar, fast_forward=fast)
+        gen = Generation(dec, model.tokenizer, prompt, gen_cfg)
+        gen.run()
+        runs.append(gen)
+    fast, step = runs
+    forced = fast.stats.forced.forced if fast.stats.forced is not None else 0
+    return _Jumps(
+        fast.stats.n_tokens / fast.stats.decode_s if fast.stats.decode_s else 0.0,
+        step.stats.n_tokens / step.stats.decode_s if step.stats.decode_s else 0.0,
+        fast.token_ids == step.token_ids,
+        forced,
     )
 
 

@@ -73,6 +73,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"{r['ratio_constrained_decode']:.3f}x the plain decode's same steps"
             )
             (err if args.json == "-" else Console()).print(line, highlight=False)
+        if "ratio_fast_forward" in r:
+            same = "same tokens" if r["fast_forward_identical"] else "outputs DIFFER"
+            line = (
+                f"{r['backend']}: fast-forward of the grammar's {r['forced_tokens']} forced tokens "
+                f"{r['fast_forward_tok_s']:.1f} tok/s, {r['ratio_fast_forward']:.3f}x one step each ({same})"
+            )
+            (err if args.json == "-" else Console()).print(line, highlight=False)
     for key in ("auto", "auto_record"):  # which backend auto benched and why; that auto now reads this run
         if key in bench.notes:
             err.print(bench.notes[key], highlight=False)
