@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         ModelNotFoundError,
     )
     from edge.grammar import Grammar
+    from edge.logprobs import TokenLogprob
     from edge.model import Model, Result, Stream
     from edge.options import GenerateOptions
     from edge.server import serve
@@ -55,6 +56,7 @@ _LAZY = {
     "GenerationCancelled": "edge.errors",
     "GrammarError": "edge.errors",
     "Grammar": "edge.grammar",
+    "TokenLogprob": "edge.logprobs",
     "InsufficientMemoryError": "edge.errors",
 }
 
@@ -75,6 +77,7 @@ __all__ = [
     "ModelNotFoundError",
     "Result",
     "Stream",
+    "TokenLogprob",
     "__version__",
     "load",
     "serve",

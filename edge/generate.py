@@ -11,6 +11,7 @@ import numpy as np
 
 from edge.devices.base import Decoder
 from edge.errors import ContextOverflowError, GenerationCancelled
+from edge.logprobs import TokenLogprob, check_top, choice_logprobs
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
@@ -31,8 +32,12 @@ class GenerationConfig:
     prefill_chunk: int = 512
     # constrained output (edge/grammar.py): every token is sampled from what the grammar admits next
     grammar: Grammar | None = None
+    # per-token log-probs with this many alternatives (0..20, edge.logprobs); None: not recorded (no cost)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None:
+            check_top(self.logprobs)
         if self.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0 (got {self.max_tokens})")
         if self.prefill_chunk < 1:
@@ -134,8 +139,10 @@ class Decoding(Protocol):
 class PlainDecoding:
     """One sampled token per single-token forward."""
 
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: Decoder, logprobs: int | None = None) -> None:
         self.decoder = decoder
+        self.n_logprobs = logprobs  # None: none recorded
+        self.logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []  # one per step, when asked
         self._sampler = Sampler(SamplingConfig())
         self._logits: np.ndarray | None = None
         self._constraint: Constraint | None = None
@@ -155,7 +162,10 @@ class PlainDecoding:
         if self._logits is None:  # feed the token the previous step chose
             self._logits = self.decoder.forward([history[-1]], last_only=True)[-1]
         grammar = self._constraint
-        token = self._sampler(self._logits, history, None if grammar is None else grammar.allowed())
+        row = self._sampler.prepare(self._logits, history, None if grammar is None else grammar.allowed())
+        token = self._sampler.draw(row)
+        if self.n_logprobs is not None:  # the one extra softmax, only when asked
+            self.logprobs.append((token, *choice_logprobs(row, token, self.n_logprobs)))
         if grammar is not None:
             grammar.advance(token)
         self._logits = None
@@ -197,6 +207,7 @@ class Generation:
         self.cancel = cancel
         self.raise_on_cancel = raise_on_cancel
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # one per token in token_ids, with config.logprobs set
         self.text = ""
         self.stats = GenerationStats(n_prompt_tokens=len(self.prompt_ids))
 
@@ -262,6 +273,7 @@ class Generation:
                     break
                 self.token_ids.append(token)
                 history.append(token)
+                self._record(decoding)
                 piece = stopper.feed(stream.push(token))
                 if piece:
                     self.text += piece
@@ -298,13 +310,27 @@ class Generation:
     def _decoding(self) -> tuple[Decoding, Constraint | None]:
         """How tokens are chosen, and the grammar's state when the output is constrained (compiled here,
         before the prefill's cost)."""
-        grammar, dec = self.config.grammar, self.decoder
+        grammar, dec, lp = self.config.grammar, self.decoder, self.config.logprobs
         if grammar is None:
-            return self.decoding or PlainDecoding(dec), None
+            # logprobs force plain decoding: a draft's accepted tokens have no recorded target row
+            return (self.decoding if lp is None else None) or PlainDecoding(dec, lp), None
         from edge.grammar import compile_grammar
 
         # NOTE: drafts are not masked yet, so a constrained generation decodes one token per forward
-        return PlainDecoding(dec), compile_grammar(grammar, self.tokenizer, dec.vocab_size)
+        return PlainDecoding(dec, lp), compile_grammar(grammar, self.tokenizer, dec.vocab_size)
+
+    def _record(self, decoding: Decoding) -> None:
+        """The entry of the token just appended, when logprobs are asked."""
+        if self.config.logprobs is None or not isinstance(decoding, PlainDecoding):
+            return
+        token, logprob, top = decoding.logprobs[len(self.token_ids) - 1]
+        entry = self._entry(token, logprob)
+        alts = tuple(self._entry(i, v) for i, v in top)
+        self.logprobs.append(TokenLogprob(entry.token, logprob, entry.bytes, token, alts))
+
+    def _entry(self, token: int, logprob: float) -> TokenLogprob:
+        raw = self.tokenizer.token_bytes(token)
+        return TokenLogprob(raw.decode("utf-8", "replace"), logprob, tuple(raw), token)
 
     def _prefill(self, cached: int = 0) -> np.ndarray | None:
         """The last prompt position's logits, or None when cancelled between chunks. The decoder already

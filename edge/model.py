@@ -30,6 +30,7 @@ from edge.devices.registry import DecoderOptions, open_decoder, runnable_backend
 from edge.drafters import auto_drafts_on
 from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError
 from edge.generate import Generation, GenerationConfig, GenerationStats
+from edge.logprobs import TokenLogprob
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
@@ -67,6 +68,8 @@ class Result:
     backend: str
     device: str
     fallback: str | None
+    # per-token log-probs (edge.logprobs), one per token id, when the call asked `logprobs=N`; else None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class Stream:
@@ -519,8 +522,9 @@ class Model:
 
     def _result(self, gen: Generation) -> Result:
         p = self.placement
+        lps = tuple(gen.logprobs) if gen.config.logprobs is not None else None
         return Result(
-            gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback
+            gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback, lps
         )
 
     # -- warm-up ---------------------------------------------------------------------------------
