@@ -196,6 +196,7 @@ class Generation:
         decoding: Decoding | None = None,
         session: KVSession | None = None,
         keep: int | None = None,
+        logprobs_into: list[TokenLogprob] | None = None,
     ) -> None:
         self.decoder = decoder
         self.keep = keep  # a conversation's system prompt span (KVSession.window); None: a plain prompt
@@ -207,7 +208,8 @@ class Generation:
         self.cancel = cancel
         self.raise_on_cancel = raise_on_cancel
         self.token_ids: list[int] = []
-        self.logprobs: list[TokenLogprob] = []  # one per token in token_ids, with config.logprobs set
+        # one per token in token_ids, with config.logprobs set (`logprobs_into`: a list to fill as they come)
+        self.logprobs: list[TokenLogprob] = [] if logprobs_into is None else logprobs_into
         self.text = ""
         self.stats = GenerationStats(n_prompt_tokens=len(self.prompt_ids))
 
@@ -324,12 +326,15 @@ class Generation:
         if self.config.logprobs is None or not isinstance(decoding, PlainDecoding):
             return
         token, logprob, top = decoding.logprobs[len(self.token_ids) - 1]
-        entry = self._entry(token, logprob)
-        alts = tuple(self._entry(i, v) for i, v in top)
+        first = len(self.token_ids) == 1
+        entry = self._entry(token, logprob, first)
+        alts = tuple(self._entry(i, v, first) for i, v in top)
         self.logprobs.append(TokenLogprob(entry.token, logprob, entry.bytes, token, alts))
 
-    def _entry(self, token: int, logprob: float) -> TokenLogprob:
-        raw = self.tokenizer.token_bytes(token)
+    def _entry(self, token: int, logprob: float, first: bool) -> TokenLogprob:
+        # the first token as the text has it (a SentencePiece answer's leading space is stripped)
+        tok = self.tokenizer
+        raw = tok.decode_bytes([token]) if first else tok.token_bytes(token)
         return TokenLogprob(raw.decode("utf-8", "replace"), logprob, tuple(raw), token)
 
     def _prefill(self, cached: int = 0) -> np.ndarray | None:

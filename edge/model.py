@@ -400,6 +400,7 @@ class Model:
         cancel: Callable[[], bool] | None = None,
         reuse: bool = True,
         keep: int | None = None,
+        logprobs_into: list[TokenLogprob] | None = None,
     ) -> Generator[str, None, Result]:
         """Yield text pieces for a prompt already tokenized (a rendered chat); the generator returns the
         Result (`result = yield from model.stream_ids(ids)`), so no other thread's call can replace it.
@@ -410,11 +411,12 @@ class Model:
         prefills from scratch.
         `keep`: the ids are a conversation whose first `keep` ids are its system prompt (`system_span`): when it
         outgrows the context its oldest turns are dropped and those kept (`KVSession.window`).
+        `logprobs_into`: with config.logprobs set, a list the entries are appended to as tokens come.
         """
         with self._turn():
             if not reuse:
                 self.session.invalidate()
-            gen = self._generation(ids, config, cancel, keep)
+            gen = self._generation(ids, config, cancel, keep, logprobs_into)
             yield from self._guarded(gen)
             return self._result(gen)
 
@@ -424,6 +426,7 @@ class Model:
         config: GenerationConfig | None,
         cancel: Callable[[], bool] | None,
         keep: int | None,
+        logprobs_into: list[TokenLogprob] | None = None,
     ) -> Generation:
         spec = self.speculative
         sampling = (config or GenerationConfig()).sampling
@@ -436,6 +439,7 @@ class Model:
             decoding=spec if spec is not None and spec.applies(sampling) else None,
             session=self.session,
             keep=keep,
+            logprobs_into=logprobs_into,
         )
 
     def _guarded(self, gen: Generation) -> Iterator[str]:

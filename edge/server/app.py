@@ -28,8 +28,10 @@ from starlette.routing import Route
 from edge.errors import ContextOverflowError, EdgeError, GrammarError, ModelNotFoundError, TemplateError
 from edge.generate import GenerationConfig
 from edge.grammar import check_grammar
+from edge.logprobs import TokenLogprob
 from edge.model import Model, Result, Stream
 from edge.options import GenerateOptions
+from edge.server import logprobs as lp
 from edge.server import protocol as p
 from edge.server.config import ServerConfig
 from edge.server.drain import Drain
@@ -127,10 +129,15 @@ def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runne
     """The job's body: generate from the prompt ids on the replica it is given (reusing its KV prefix)."""
 
     def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
-        stream = Stream(model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep))
+        entries: list[TokenLogprob] = []
+        pieces = model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep, logprobs_into=entries)
+        stream = Stream(pieces)
         with stream:
-            for piece in stream:
-                emit(piece)
+            if config.logprobs is not None:
+                lp.relay(stream, entries, emit)
+            else:
+                for piece in stream:
+                    emit(piece)
         assert stream.result is not None
         return stream.result
 
@@ -244,21 +251,24 @@ class Handlers:
         usage, extra = _usage(result), _extra(result, job)
         finish = p.finish_reason(extra["stop_reason"])
         make = p.chat_response if chat else p.completion_response
-        return JSONResponse(make(rid, prep.model, text, finish, usage, extra))
+        logprobs = lp.result_logprobs(result.logprobs, chat)
+        return JSONResponse(make(rid, prep.model, text, finish, usage, extra, logprobs))
 
     async def _events(self, job: Job, prep: Prepared, rid: str, chat: bool) -> AsyncIterator[dict[str, str]]:
         created = int(time.time())
         done = False
+        logprobs = lp.ChunkLogprobs(chat)
         try:
             if chat:
                 yield _data(p.chat_chunk(rid, prep.model, created, {"role": "assistant", "content": ""}))
             while True:
                 item = await job.items.get()
                 if isinstance(item, str):
+                    logs = logprobs(item)
                     chunk = (
-                        p.chat_chunk(rid, prep.model, created, {"content": item})
+                        p.chat_chunk(rid, prep.model, created, {"content": item}, logprobs=logs)
                         if chat
-                        else p.completion_chunk(rid, prep.model, created, item)
+                        else p.completion_chunk(rid, prep.model, created, item, logprobs=logs)
                     )
                     yield _data(chunk)
                     continue
