@@ -286,9 +286,9 @@ class Model:
 
         `options` are `GenerateOptions` fields (max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
         seed, stop, response_format, logprobs: `result.logprobs`), or `config` a whole GenerationConfig.
-        `reuse` (default True) keeps the KV of the previous call up to the common prefix; False prefills from scratch. `on_text` gets each text piece as it comes;
-        `cancel` (a threading.Event or a callable) stops the generation within one token, with
-        `result.stats.stop_reason == "cancelled"`.
+        `reuse` (default True) keeps the KV of the previous call up to the common prefix; False prefills from
+        scratch. `on_text` gets each text piece as it comes; `cancel` (a threading.Event or a callable) stops
+        the generation within one token, with `result.stats.stop_reason == "cancelled"`.
 
         >>> m.generate("2+2=", raw=True, max_tokens=4).text          # doctest: +SKIP
         '4'
