@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         ToolError,
     )
     from edge.grammar import Grammar
+    from edge.logprobs import TokenLogprob
     from edge.model import Model, Result, Stream
     from edge.options import GenerateOptions
     from edge.server import serve
@@ -59,6 +60,7 @@ _LAZY = {
     "Grammar": "edge.grammar",
     "ToolError": "edge.errors",
     "ToolCall": "edge.tools",
+    "TokenLogprob": "edge.logprobs",
     "InsufficientMemoryError": "edge.errors",
 }
 
@@ -79,6 +81,7 @@ __all__ = [
     "ModelNotFoundError",
     "Result",
     "Stream",
+    "TokenLogprob",
     "ToolCall",
     "ToolError",
     "__version__",

@@ -11,6 +11,7 @@ import numpy as np
 
 from edge.devices.base import Decoder
 from edge.errors import ContextOverflowError, GenerationCancelled
+from edge.logprobs import TokenLogprob, check_top, choice_logprobs
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
@@ -35,8 +36,12 @@ class GenerationConfig:
     # with a grammar: the tokens it forces are fed in one forward and verified, not drawn one step each
     # (edge/fastforward.py); False decodes them one step each (edge bench compares the two)
     fast_forward: bool = True
+    # per-token log-probs with this many alternatives (0..20, edge.logprobs); None: not recorded (no cost)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None:
+            check_top(self.logprobs)
         if self.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0 (got {self.max_tokens})")
         if self.prefill_chunk < 1:
@@ -139,8 +144,10 @@ class Decoding(Protocol):
 class PlainDecoding:
     """One sampled token per single-token forward."""
 
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: Decoder, logprobs: int | None = None) -> None:
         self.decoder = decoder
+        self.n_logprobs = logprobs  # None: none recorded
+        self.logprobs: list[tuple[int, float, list[tuple[int, float]]]] = []  # one per step, when asked
         self._sampler = Sampler(SamplingConfig())
         self._logits: np.ndarray | None = None
         self._constraint: Constraint | None = None
@@ -160,7 +167,10 @@ class PlainDecoding:
         if self._logits is None:  # feed the token the previous step chose
             self._logits = self.decoder.forward([history[-1]], last_only=True)[-1]
         grammar = self._constraint
-        token = self._sampler(self._logits, history, None if grammar is None else grammar.allowed())
+        row = self._sampler.prepare(self._logits, history, None if grammar is None else grammar.allowed())
+        token = self._sampler.draw(row)
+        if self.n_logprobs is not None:  # the one extra softmax, only when asked
+            self.logprobs.append((token, *choice_logprobs(row, token, self.n_logprobs)))
         if grammar is not None:
             grammar.advance(token)
         self._logits = None
@@ -191,6 +201,7 @@ class Generation:
         decoding: Decoding | None = None,
         session: KVSession | None = None,
         keep: int | None = None,
+        logprobs_into: list[TokenLogprob] | None = None,
     ) -> None:
         self.decoder = decoder
         self.keep = keep  # a conversation's system prompt span (KVSession.window); None: a plain prompt
@@ -202,6 +213,8 @@ class Generation:
         self.cancel = cancel
         self.raise_on_cancel = raise_on_cancel
         self.token_ids: list[int] = []
+        # one per token in token_ids, with config.logprobs set (`logprobs_into`: a list to fill as they come)
+        self.logprobs: list[TokenLogprob] = [] if logprobs_into is None else logprobs_into
         self.text = ""
         self.stats = GenerationStats(n_prompt_tokens=len(self.prompt_ids))
         self._forced: FastForwardDecoding | None = None  # set by _decoding when the grammar's tokens jump
@@ -268,6 +281,7 @@ class Generation:
                     break
                 self.token_ids.append(token)
                 history.append(token)
+                self._record(decoding)
                 piece = stopper.feed(stream.push(token))
                 if piece:
                     self.text += piece
@@ -306,18 +320,35 @@ class Generation:
     def _decoding(self) -> tuple[Decoding, Constraint | None]:
         """How tokens are chosen, and the grammar's state when the output is constrained (compiled here,
         before the prefill's cost)."""
-        grammar, dec = self.config.grammar, self.decoder
+        grammar, dec, lp = self.config.grammar, self.decoder, self.config.logprobs
         if grammar is None:
-            return self.decoding or PlainDecoding(dec), None
+            # logprobs force plain decoding: a draft's accepted tokens have no recorded target row
+            return (self.decoding if lp is None else None) or PlainDecoding(dec, lp), None
         from edge.grammar import compile_grammar
 
         constraint = compile_grammar(grammar, self.tokenizer, dec.vocab_size)
-        if not self.config.fast_forward:  # NOTE: drafts are not masked yet: plain steps then
-            return PlainDecoding(dec), constraint
+        if not self.config.fast_forward or lp is not None:  # NOTE: drafts are not masked yet: plain steps
+            return PlainDecoding(dec, lp), constraint  # (logprobs: each token's own row, so one per forward)
         from edge.fastforward import FastForwardDecoding
 
         self._forced = FastForwardDecoding(dec)
         return self._forced, constraint
+
+    def _record(self, decoding: Decoding) -> None:
+        """The entry of the token just appended, when logprobs are asked."""
+        if self.config.logprobs is None or not isinstance(decoding, PlainDecoding):
+            return
+        token, logprob, top = decoding.logprobs[len(self.token_ids) - 1]
+        first = len(self.token_ids) == 1
+        entry = self._entry(token, logprob, first)
+        alts = tuple(self._entry(i, v, first) for i, v in top)
+        self.logprobs.append(TokenLogprob(entry.token, logprob, entry.bytes, token, alts))
+
+    def _entry(self, token: int, logprob: float, first: bool) -> TokenLogprob:
+        # the first token as the text has it (a SentencePiece answer's leading space is stripped)
+        tok = self.tokenizer
+        raw = tok.decode_bytes([token]) if first else tok.token_bytes(token)
+        return TokenLogprob(raw.decode("utf-8", "replace"), logprob, tuple(raw), token)
 
     def _prefill(self, cached: int = 0) -> np.ndarray | None:
         """The last prompt position's logits, or None when cancelled between chunks. The decoder already

@@ -30,6 +30,7 @@ from edge.devices.registry import DecoderOptions, open_decoder, runnable_backend
 from edge.drafters import auto_drafts_on
 from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError, ToolError
 from edge.generate import Generation, GenerationConfig, GenerationStats
+from edge.logprobs import TokenLogprob
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
@@ -70,6 +71,8 @@ class Result:
     fallback: str | None
     # the calls a chat with tools made (their text is not in `text`, which holds the rest of the answer)
     tool_calls: tuple[ToolCall, ...] = ()
+    # per-token log-probs (edge.logprobs), one per token id, when the call asked `logprobs=N`; else None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class Stream:
@@ -325,10 +328,10 @@ class Model:
         """Answer one prompt (the chat template applied unless `raw` or a base model).
 
         `options` are `GenerateOptions` fields (max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
-        seed, stop), or `config` a whole GenerationConfig. `reuse` (default True) keeps the KV of the previous
-        call up to the common prefix; False prefills from scratch. `on_text` gets each text piece as it comes;
-        `cancel` (a threading.Event or a callable) stops the generation within one token, with
-        `result.stats.stop_reason == "cancelled"`.
+        seed, stop, response_format, logprobs: `result.logprobs`), or `config` a whole GenerationConfig.
+        `reuse` (default True) keeps the KV of the previous call up to the common prefix; False prefills from
+        scratch. `on_text` gets each text piece as it comes; `cancel` (a threading.Event or a callable) stops
+        the generation within one token, with `result.stats.stop_reason == "cancelled"`.
 
         >>> m.generate("2+2=", raw=True, max_tokens=4).text          # doctest: +SKIP
         '4'
@@ -494,6 +497,7 @@ class Model:
         cancel: Callable[[], bool] | None = None,
         reuse: bool = True,
         keep: int | None = None,
+        logprobs_into: list[TokenLogprob] | None = None,
     ) -> Generator[str, None, Result]:
         """Yield text pieces for a prompt already tokenized (a rendered chat); the generator returns the
         Result (`result = yield from model.stream_ids(ids)`), so no other thread's call can replace it.
@@ -504,11 +508,12 @@ class Model:
         prefills from scratch.
         `keep`: the ids are a conversation whose first `keep` ids are its system prompt (`system_span`): when it
         outgrows the context its oldest turns are dropped and those kept (`KVSession.window`).
+        `logprobs_into`: with config.logprobs set, a list the entries are appended to as tokens come.
         """
         with self._turn():
             if not reuse:
                 self.session.invalidate()
-            gen = self._generation(ids, config, cancel, keep)
+            gen = self._generation(ids, config, cancel, keep, logprobs_into)
             yield from self._guarded(gen)
             return self._result(gen)
 
@@ -518,6 +523,7 @@ class Model:
         config: GenerationConfig | None,
         cancel: Callable[[], bool] | None,
         keep: int | None,
+        logprobs_into: list[TokenLogprob] | None = None,
     ) -> Generation:
         spec = self.speculative
         sampling = (config or GenerationConfig()).sampling
@@ -530,6 +536,7 @@ class Model:
             decoding=spec if spec is not None and spec.applies(sampling) else None,
             session=self.session,
             keep=keep,
+            logprobs_into=logprobs_into,
         )
 
     def _guarded(self, gen: Generation) -> Iterator[str]:
@@ -616,8 +623,16 @@ class Model:
 
     def _result(self, gen: Generation) -> Result:
         p = self.placement
+        lps = tuple(gen.logprobs) if gen.config.logprobs is not None else None
         return Result(
-            gen.text, list(gen.token_ids), gen.prompt_ids, gen.stats, p.backend, p.device, p.fallback
+            gen.text,
+            list(gen.token_ids),
+            gen.prompt_ids,
+            gen.stats,
+            p.backend,
+            p.device,
+            p.fallback,
+            logprobs=lps,
         )
 
     # -- warm-up ---------------------------------------------------------------------------------

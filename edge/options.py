@@ -53,6 +53,8 @@ class GenerateOptions:
     # constrained output: an edge.Grammar, or OpenAI's shape ({"type": "json_object"}, {"type": "json_schema",
     # "json_schema": {"name": ..., "schema": {...}}}); the answer is guaranteed to match it
     response_format: Grammar | Mapping[str, Any] | None = None
+    # per-token log-probs with this many top alternatives (0..20): Result.logprobs (edge.logprobs)
+    logprobs: int | None = None
 
     def config(self) -> GenerationConfig:
         sampling = SamplingConfig(
@@ -70,7 +72,11 @@ class GenerateOptions:
                 hint="drop stop: the answer ends where its JSON value is complete",
             )
         return GenerationConfig(
-            max_tokens=self.max_tokens, stop=tuple(self.stop), sampling=sampling, grammar=grammar
+            max_tokens=self.max_tokens,
+            stop=tuple(self.stop),
+            sampling=sampling,
+            grammar=grammar,
+            logprobs=self.logprobs,
         )
 
 

@@ -95,10 +95,20 @@ class Sampler:
     ) -> int:
         """`allowed` (bool per id, a grammar's mask): every other id is removed before the chain runs, so the
         draw is from the model's distribution restricted to what the grammar admits."""
+        return self.draw(self.prepare(logits, history, allowed))
+
+    def prepare(
+        self, logits: np.ndarray, history: Sequence[int] = (), allowed: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The row the draw starts from: grammar mask, then repeat penalty (edge.logprobs reports on it)."""
         cfg = self.cfg
         if allowed is not None:
             logits = mask_logits(logits, allowed)
-        logits = apply_repeat_penalty(logits, history, cfg.repeat_penalty, cfg.repeat_last_n)
+        return apply_repeat_penalty(logits, history, cfg.repeat_penalty, cfg.repeat_last_n)
+
+    def draw(self, logits: np.ndarray) -> int:
+        """A token from a prepared row: its argmax when greedy, else a draw from `probabilities`."""
+        cfg = self.cfg
         if cfg.greedy:
             return int(np.argmax(logits))
         p = probabilities(logits, cfg)

@@ -36,8 +36,10 @@ from edge.errors import (
 )
 from edge.generate import GenerationConfig
 from edge.grammar import check_grammar
+from edge.logprobs import TokenLogprob
 from edge.model import Model, Result, Stream
 from edge.options import GenerateOptions
+from edge.server import logprobs as lp
 from edge.server import protocol as p
 from edge.server.config import ServerConfig
 from edge.server.drain import Drain
@@ -144,10 +146,15 @@ def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runne
     """The job's body: generate from the prompt ids on the replica it is given (reusing its KV prefix)."""
 
     def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
-        stream = Stream(model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep))
+        entries: list[TokenLogprob] = []
+        pieces = model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep, logprobs_into=entries)
+        stream = Stream(pieces)
         with stream:
-            for piece in stream:
-                emit(piece)
+            if config.logprobs is not None:
+                lp.relay(stream, entries, emit)
+            else:
+                for piece in stream:
+                    emit(piece)
         assert stream.result is not None
         return stream.result
 
@@ -264,29 +271,41 @@ class Handlers:
         except Exception as exc:
             return error_response(exc)
         usage, extra = _usage(result), _extra(result, job)
+        logprobs = lp.result_logprobs(result.logprobs, chat)
         if not chat:
             finish = p.finish_reason(extra["stop_reason"])
-            return JSONResponse(p.completion_response(rid, prep.model, text, finish, usage, extra))
+            body = p.completion_response(rid, prep.model, text, finish, usage, extra, logprobs)
+            return JSONResponse(body)
         content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
         finish = p.finish_reason(extra["stop_reason"], len(calls))
         made = [c.openai() for c in calls]
-        return JSONResponse(p.chat_response(rid, prep.model, content, finish, usage, extra, made))
+        body = p.chat_response(
+            rid, prep.model, content, finish, usage, extra, tool_calls=made, logprobs=logprobs
+        )
+        return JSONResponse(body)
 
     async def _events(self, job: Job, prep: Prepared, rid: str, chat: bool) -> AsyncIterator[dict[str, str]]:
         created = int(time.time())
         done = False
         splitter = prep.splitter()
+        logprobs = lp.ChunkLogprobs(chat)
         try:
             if chat:
                 yield _data(p.chat_chunk(rid, prep.model, created, {"role": "assistant", "content": ""}))
             while True:
                 item = await job.items.get()
                 if isinstance(item, str):
+                    logs = logprobs(item)
                     if not chat:
-                        yield _data(p.completion_chunk(rid, prep.model, created, item))
+                        yield _data(p.completion_chunk(rid, prep.model, created, item, logprobs=logs))
                         continue
-                    for delta in _deltas(splitter, item):
-                        yield _data(p.chat_chunk(rid, prep.model, created, delta))
+                    deltas = _deltas(splitter, item)
+                    if logs is not None and not deltas:  # text held (a call may start): its entries go now
+                        deltas = [{"content": ""}]
+                    for i, delta in enumerate(deltas):
+                        yield _data(
+                            p.chat_chunk(rid, prep.model, created, delta, logprobs=logs if i == 0 else None)
+                        )
                     continue
                 done = True
                 if isinstance(item, Failed):

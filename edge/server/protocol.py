@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge.server import logprobs as lp
+
 __all__ = [
     "ChatCompletionRequest",
     "CompletionRequest",
@@ -99,7 +101,9 @@ class _Sampling(_Request):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | int | None = None
+    logprobs: bool | int | None = (
+        None  # chat: a bool (+ top_logprobs); completions: N (edge/server/logprobs.py)
+    )
     # llama.cpp's servers take these too
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -115,8 +119,7 @@ class _Sampling(_Request):
                 raise UnsupportedValue(name, f"{name} is not supported (use repeat_penalty)")
         if self.logit_bias:
             raise UnsupportedValue("logit_bias", "logit_bias is not supported")
-        if self.logprobs not in (None, False, 0):
-            raise UnsupportedValue("logprobs", "logprobs are not supported")
+        self.logprobs_top()  # out-of-range values are a 400 here
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if len(stops) > 16 or any(not s for s in stops):
@@ -140,7 +143,13 @@ class _Sampling(_Request):
             opts["stop"] = self.stops()
         if self.response_format is not None:
             opts["response_format"] = self.response_format
+        if self.logprobs_top() is not None:
+            opts["logprobs"] = self.logprobs_top()
         return opts
+
+    def logprobs_top(self) -> int | None:
+        """The top alternatives per token asked for, None for no logprobs."""
+        raise NotImplementedError
 
     @property
     def include_usage(self) -> bool:
@@ -153,6 +162,10 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    top_logprobs: int | None = None
+
+    def logprobs_top(self) -> int | None:
+        return lp.chat_top(self.logprobs, self.top_logprobs)
 
     def check(self) -> None:
         self.check_common()
@@ -186,6 +199,9 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+    def logprobs_top(self) -> int | None:
+        return lp.completion_top(self.logprobs)
 
     def check(self) -> None:
         self.check_common()
@@ -251,7 +267,9 @@ def chat_response(
     finish: str,
     usage: Usage,
     extra: dict[str, Any],
+    *,
     tool_calls: list[dict[str, Any]] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
@@ -265,7 +283,7 @@ def chat_response(
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
         ],
@@ -282,23 +300,30 @@ def chat_chunk(
     finish: str | None = None,
     usage: Usage | None = None,
     extra: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One stream chunk; `delta=None` is the usage-only chunk (no choices) that include_usage asks for."""
     choice = (
-        None if delta is None else {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        None if delta is None else {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     )
     return _chunk("chat.completion.chunk", rid, model, created, choice, usage, extra)
 
 
 def completion_response(
-    rid: str, model: str, text: str, finish: str, usage: Usage, extra: dict[str, Any]
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    usage: Usage,
+    extra: dict[str, Any],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage.model_dump(exclude_none=True),
         "edge": extra,
     }
@@ -312,8 +337,11 @@ def completion_chunk(
     finish: str | None = None,
     usage: Usage | None = None,
     extra: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    choice = None if text is None else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    choice = (
+        None if text is None else {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    )
     return _chunk("text_completion", rid, model, created, choice, usage, extra)
 
 

@@ -117,7 +117,7 @@ def test_sampling_fields_and_stop(server: Server) -> None:
     ("extra", "param"),
     [
         ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools"),
         ({"tools": [{"type": "retrieval"}]}, "tools"),
         ({"tool_choice": "required"}, "tools"),
