@@ -9,15 +9,13 @@ time to first token and the time per output token. It runs on --device with its 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from edge.bench_config import BenchConfig, Sample
 from edge.errors import BackendUnavailableError, EdgeError
 from edge.models.checked import CheckedModel
-
-if TYPE_CHECKING:
-    from edge.bench import BenchConfig, Sample
 
 __all__ = ["GENAI", "PEERS", "measure_peer"]
 
@@ -39,8 +37,6 @@ def measure_peer(name: str, model: CheckedModel, prompt: list[int], cfg: BenchCo
     """One round of peer `name` on `model` (checked: its own GGUF reader is native code): load, the prompt,
     `gen_tokens` greedy tokens (EOS ignored), then another prompt of the same length (warm: shapes seen,
     nothing of it cached)."""
-    from edge.bench import Sample
-
     if name != GENAI:
         raise EdgeError(f"unknown peer {name!r}", hint=f"peers: {', '.join(PEERS)}")
     og = _genai()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from edge.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from edge.server.unsupported import UnsupportedValue
 
 
 class LoggedPiece(str):
@@ -29,8 +30,6 @@ def piece(text: str, entries: Sequence[TokenLogprob]) -> LoggedPiece:
 
 
 def _bad(param: str, message: str) -> Exception:
-    from edge.server.protocol import UnsupportedValue
-
     return UnsupportedValue(param, message)
 
 

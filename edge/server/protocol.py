@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.server import logprobs as lp
+from edge.server.unsupported import UnsupportedValue
 
 __all__ = [
     "ChatCompletionRequest",
@@ -30,14 +31,6 @@ __all__ = [
     "models_response",
     "new_id",
 ]
-
-
-class UnsupportedValue(ValueError):
-    """A known request field holds a value edge does not support (HTTP 400 naming `param`)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class _Request(BaseModel):
