@@ -189,7 +189,7 @@ def decode(model: str, precision: str, forms: list[str], threads: int, steps: in
     from edge.devices.graph_decoder import GraphDecoder, GraphOptions
     from edge.devices.runners import OrtRunner, RunnerOptions
     from edge.models.gguf_file import open_gguf
-    from edge.models.store import resolve_model
+    from edge.models.resolve import resolve_model
 
     dec = GraphDecoder(
         open_gguf(resolve_model(model)),

@@ -40,7 +40,7 @@ def _child(model: str, variant: str, prompt_tokens: int, threads: int) -> dict[s
     from edge.devices.base import warm_kernels
     from edge.devices.registry import DecoderOptions, open_decoder
     from edge.models.gguf_file import open_gguf
-    from edge.models.store import resolve_model
+    from edge.models.resolve import resolve_model
     from edge.models.tokenizer import load_tokenizer
 
     backend = variant.removesuffix("-warm")

@@ -68,7 +68,7 @@ def _convert(model: str, spec: dict[str, Any], out: Path) -> dict[str, Any]:
     from edge.graph_opt import QuantSpec
     from edge.models.artifact import is_artifact
     from edge.models.convert import ConvertOptions, convert
-    from edge.models.store import resolve_model
+    from edge.models.resolve import resolve_model
 
     if not is_artifact(out):
         opts = ConvertOptions(
@@ -89,7 +89,7 @@ def _child(args: argparse.Namespace) -> None:
     """One measurement in this process: prefill, then greedy decode; prints one JSON line."""
     from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
     from edge.devices.registry import DecoderOptions, open_decoder
-    from edge.models.store import resolve_model
+    from edge.models.resolve import resolve_model
 
     prompt = np.random.default_rng(0).integers(100, 20000, args.prompt).tolist()
     if args.backend == "llamacpp":

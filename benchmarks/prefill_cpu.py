@@ -21,7 +21,7 @@ import edge
 from edge.bench import bench_prompt
 from edge.devices.registry import DecoderOptions, open_decoder
 from edge.models.gguf_file import open_gguf
-from edge.models.store import resolve_model
+from edge.models.resolve import resolve_model
 from edge.models.tokenizer import load_tokenizer
 
 

@@ -440,8 +440,9 @@ def model_label(entry: CatalogEntry) -> str:
     """A model in the settings' list: what it is for, and whether choosing it starts a download."""
     from edge.models.store import is_verified
 
-    kind = "chat" if entry.chat else "base model, plain completion"
-    pulled = "pulled" if is_verified(entry) else f"not pulled: {entry.size / 1e6:.0f} MB download"
+    # short: the dialog is as wide as its longest label, and a wide one pushes Apply out of a small terminal
+    kind = "chat" if entry.chat else "base, completion"
+    pulled = "pulled" if is_verified(entry) else f"{entry.size / 1e6:.0f} MB to pull"
     return f"{entry.name} ({kind}; {pulled})"
 
 

@@ -234,8 +234,8 @@ async def test_the_model_list_says_what_each_model_is_and_what_is_pulled(
         await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen))
         labels = dict((v, label) for label, v in app.screen.models)  # type: ignore[attr-defined]
     assert labels["smollm2-135m"] == "smollm2-135m (chat; pulled)"
-    assert labels["gemma3-270m"] == "gemma3-270m (base model, plain completion; not pulled: 253 MB download)"
-    assert labels["qwen2.5-coder-1.5b"] == "qwen2.5-coder-1.5b (chat; not pulled: 1117 MB download)"
+    assert labels["gemma3-270m"] == "gemma3-270m (base, completion; 253 MB to pull)"
+    assert labels["qwen2.5-coder-1.5b"] == "qwen2.5-coder-1.5b (chat; 1117 MB to pull)"
 
 
 @sync
