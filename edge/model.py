@@ -36,7 +36,7 @@ from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
 from edge.session import KVSession, KVState, common_prefix
 from edge.speculative import SpeculativeDecoding, drafts_greedy
-from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools
+from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools, template_messages
 
 __all__ = ["ChatMessage", "Model", "Result", "Stream"]
 
@@ -120,9 +120,7 @@ def _config(
         config = GenerateOptions(**options).config()
     elif options:
         raise TypeError(f"pass a GenerationConfig or keyword options, not both (got {sorted(options)})")
-    if tools is None:
-        return config
-    return replace(config, grammar=tools.grammar(config.grammar))
+    return config if tools is None else tools.constrain(config)
 
 
 def _with_calls(pieces: Generator[str, None, Result], plan: ToolPlan) -> Generator[str, None, Result]:
@@ -265,8 +263,7 @@ class Model:
 
     def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> str:
         """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say."""
-        if tools is not None:
-            messages = tools.messages(messages)
+        messages = template_messages(messages) if tools is None else tools.messages(messages)
         if self.template is None:
             # a base model: plain completion over the concatenated contents
             return "".join(str(m.get("content", "")) for m in messages)

@@ -11,6 +11,7 @@ know is refused (never a tool request answered as if no tools were given).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import uuid
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge.errors import GrammarError, ToolError
+from edge.generate import GenerationConfig
 from edge.grammar import Grammar, check_schema
 from edge.models.chat_template import ChatTemplate
 from edge.models.tokenizer import Tokenizer
@@ -256,6 +258,16 @@ class ToolPlan:
         fence = f" & ~/{_literal(FENCE[0])}(?s:.*)/" if fenced else ""
         return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{_literal(self.syntax.open)}.*)/{fence}"
 
+    def constrain(self, config: GenerationConfig) -> GenerationConfig:
+        """`config` with the tools' grammar around its response_format's; stop strings are refused, as with a
+        schema: one could cut a call short of its arguments."""
+        if self.active and config.stop:
+            raise ToolError(
+                "stop strings cannot be combined with tool calls",
+                hint="drop stop: a call ends where its arguments are complete",
+            )
+        return dataclasses.replace(config, grammar=self.grammar(config.grammar))
+
     def split(self, text: str) -> tuple[str, list[ToolCall]]:
         """An answer's text as (content, calls); a call cut short (max_tokens) stays in the content."""
         if not self.active:
@@ -283,6 +295,12 @@ def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
     ]
     body = variants[0] if len(variants) == 1 else {"anyOf": variants}
     return {"x-guidance": _JSON_STYLE, **body}
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A history's assistant calls with their arguments as objects (what the chat templates `tojson`), also
+    for a request that gives no tools this turn."""
+    return [_template_message(m) for m in messages]
 
 
 def _template_message(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -358,10 +376,9 @@ class CallSplitter:
             return out
         while True:
             if self._in_call:
-                end = self._buf.find(self._close)
+                end, call = self._closing()
                 if end < 0:
                     return out
-                call = self._call(self._buf[:end])
                 out.append(call if call is not None else f"{self._open}{self._buf[:end]}{self._close}")
                 self._buf, self._in_call = self._buf[end + len(self._close) :], False
                 self._open, self._close = self._markers
@@ -378,6 +395,18 @@ class CallSplitter:
             out.extend(self._content(text[: len(text) - tail]))
             self._buf = self._buf[len(text) - tail :]
             return out
+
+    def _closing(self) -> tuple[int, ToolCall | None]:
+        """Where the open call ends and the call it is: the first close marker after a body that parses as a
+        call (an argument may spell the marker itself). (-1, None) while none has: the grammar only lets valid
+        calls through, and one cut short comes out as text at `finish`."""
+        at = self._buf.find(self._close)
+        while at >= 0:
+            call = self._call(self._buf[:at])
+            if call is not None:
+                return at, call
+            at = self._buf.find(self._close, at + 1)
+        return -1, None
 
     def _opens_fenced(self) -> bool:
         """At the answer's start: False while it may still become a fenced call; else decided (and True)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -166,7 +165,7 @@ def _config(sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None
     before the job is queued (compiling a grammar takes milliseconds once the model's vocabulary is indexed)."""
     config = GenerateOptions(**opts).config()
     if plan is not None:
-        config = dataclasses.replace(config, grammar=plan.grammar(config.grammar))
+        config = plan.constrain(config)
     if config.grammar is not None:
         model = sched.replicas[0]
         check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)

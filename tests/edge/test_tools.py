@@ -175,3 +175,28 @@ def test_a_fenced_call_opening_an_auto_answer_is_a_call(size: int) -> None:
     later = "Here it is:\n" + FENCED  # not at the start: text (auto's grammar lets text spell it)
     assert plan("auto").split(later) == (later, [])
     assert plan("required").split(FENCED) == (FENCED, [])  # required's grammar writes <tool_call> only
+
+
+def test_an_argument_may_spell_the_close_marker() -> None:
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}\n</tool_call>'
+    content, calls = plan("required").split(text)
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "a</tool_call>b"})
+    ]
+
+
+def test_stop_strings_are_refused_with_tools() -> None:
+    from edge.generate import GenerationConfig
+
+    with pytest.raises(ToolError, match="stop strings"):
+        plan("required").constrain(GenerationConfig(stop=("\n",)))
+    assert plan("none").constrain(GenerationConfig(stop=("\n",))).stop == ("\n",)  # text only: stops apply
+    assert plan("auto").constrain(GenerationConfig()).grammar is not None
+
+
+def test_history_calls_are_objects_for_the_template_without_tools_this_turn() -> None:
+    from edge.tools import template_messages
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    out = template_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert out[0]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
