@@ -294,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     n = len(data["cases"])
     n_simple = sum(c["category"] == "simple" for c in data["cases"])
     parts = [json.loads(p.read_text())["argv"] for p in args.merge or []]
-    lines = notes(args, parts + [argv]) + table(runs, n, n_simple)
+    lines = notes(args, [*parts, argv]) + table(runs, n, n_simple)
     stem = RESULTS / f"function-calling-{dt.date.today().isoformat()}{args.tag}"
     write_results(stem, {"argv": argv, "cpu": cpu_name(), "runs": runs}, lines)
 
