@@ -287,8 +287,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.merge:  # runs made apart (one engine at a time, in turns), tabulated side by side by model
         runs = [run for p in args.merge for run in json.loads(p.read_text())["runs"]]
         runs.sort(key=lambda run: args.models.index(run["model"]) if run["model"] in args.models else 99)
-    else:
-        runs = [run for model in args.models for run in run_model(model, args, data)]
+        report(args, argv, runs, data)
+        return
+    runs = []
+    for model in args.models:  # written after each model: a long run keeps what it has measured
+        runs += run_model(model, args, data)
+        report(args, argv, runs, data)
+
+
+def report(
+    args: argparse.Namespace, argv: list[str], runs: list[dict[str, Any]], data: dict[str, Any]
+) -> None:
     for run in runs:
         run["tally"] = tally(run["rows"])
     n = len(data["cases"])
