@@ -9,7 +9,7 @@ than answering, so it cannot be `edge run`'s default.
     python benchmarks/default_model.py --models smollm2-135m --seeds 0
 
 Runs on llama.cpp (no graph build, the fastest load), one model at a time. Writes
-results/default-model-<date>.json after each run (so an interrupted benchmark keeps what it measured).
+results/default-model-<date>.json after each answer; run again, it resumes the runs that file holds unfinished.
 """
 
 from __future__ import annotations
@@ -34,32 +34,46 @@ SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 CHAT_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")  # gemma3-270m: a base model
 
 
-def one_run(m: edge.Model, seed: int | None, max_tokens: int, save: Callable[[list], None]) -> list[dict]:
-    """Every question once: greedy when seed is None, else at the default sampling with that seed; `save`
-    sees the rows after each answer (an interrupted run keeps what it measured, marked unfinished)."""
+def one_run(m: edge.Model, seed: int | None, max_tokens: int, run: dict, save: Callable[[], None]) -> None:
+    """Every question of `run` not answered yet: greedy when seed is None, else at the default sampling with
+    that seed; `save` after each answer (an interrupted run keeps what it measured, marked unfinished)."""
     sampling = {**SAMPLING, "temperature": 0.0} if seed is None else SAMPLING
-    rows: list[dict] = []
-    for q in QUESTIONS:
+    for q in QUESTIONS[len(run["rows"]) :]:
+        t0 = time.perf_counter()
         text = m.generate(q.q, max_tokens=max_tokens, seed=seed, reuse=False, **sampling).text
-        rows.append({"kind": q.kind, "question": q.q, "right": is_right(text, q), "answer": text})
-        save(rows)
-    return rows
+        run["seconds"] += time.perf_counter() - t0
+        run["rows"].append({"kind": q.kind, "question": q.q, "right": is_right(text, q), "answer": text})
+        run["finished"] = len(run["rows"]) == len(QUESTIONS)
+        save()
 
 
 def score(model: str, seeds: list[int], max_tokens: int, out: Path, runs: list[dict]) -> None:
-    with edge.load(model, backend="llamacpp", draft="none") as m:
-        for seed in [None, *seeds]:
+    """Run `model` greedy, then per seed, resuming the runs `runs` (out's record) holds unfinished."""
+    todo = []
+    for seed in [None, *seeds]:
+        run = next((r for r in runs if r["model"] == model and r["seed"] == seed), None)
+        if run is None:
             run = {"model": model, "seed": seed, "max_tokens": max_tokens, "seconds": 0.0, "rows": []}
             runs.append(run)
-            t0 = time.perf_counter()
+        if not run.get("finished"):
+            todo.append(run)
+    if not todo:
+        return
+    with edge.load(model, backend="llamacpp", draft="none") as m:
+        for run in todo:
+            one_run(
+                m, run["seed"], max_tokens, run, lambda: out.write_text(json.dumps(runs, indent=1) + "\n")
+            )
+            right = sum(bool(r["right"]) for r in run["rows"])
+            what = "greedy" if run["seed"] is None else f"seed {run['seed']}"
+            print(f"{model} {what}: {right}/{len(run['rows'])}", flush=True)
 
-            def save(rows: list, run: dict = run, t0: float = t0) -> None:
-                run.update(rows=rows, seconds=time.perf_counter() - t0, finished=len(rows) == len(QUESTIONS))
-                out.write_text(json.dumps(runs, indent=1) + "\n")
 
-            rows = one_run(m, seed, max_tokens, save)
-            right = sum(bool(r["right"]) for r in rows)
-            print(f"{model} {'greedy' if seed is None else f'seed {seed}'}: {right}/{len(rows)}", flush=True)
+def cell(run: dict | None) -> str:
+    if run is None:
+        return "-"
+    right, asked = sum(bool(x["right"]) for x in run["rows"]), len(run["rows"])
+    return f"{right}/{asked}" + ("" if run.get("finished") else f" (unfinished: {asked} of {len(QUESTIONS)})")
 
 
 def table(runs: list[dict]) -> list[str]:
@@ -68,16 +82,14 @@ def table(runs: list[dict]) -> list[str]:
     seeds = sorted({r["seed"] for r in runs if r["seed"] is not None})
     head = ["model", "download MB", "greedy", *(f"t0.7 seed {s}" for s in seeds), "all runs", "share"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    counts = tally(runs)
     for name in models:
-        mine = {r["seed"]: r["rows"] for r in runs if r["model"] == name}
-        cells = [
-            f"{sum(x['right'] for x in mine[s])}/{len(mine[s])}" if s in mine else "-" for s in [None, *seeds]
-        ]
-        right, asked = tally(runs)[name]
+        mine = {r["seed"]: r for r in runs if r["model"] == name}
+        right, asked = counts[name]
+        share = f"{right / asked:.1%}" if asked else "-"
+        cells = [cell(mine.get(s)) for s in [None, *seeds]]
         mb = CATALOG[name].size / 1e6
-        lines.append(
-            f"| {name} | {mb:.0f} | " + " | ".join(cells) + f" | {right}/{asked} | {right / asked:.1%} |"
-        )
+        lines.append(f"| {name} | {mb:.0f} | " + " | ".join(cells) + f" | {right}/{asked} | {share} |")
     return lines
 
 
@@ -91,12 +103,12 @@ def main() -> None:
     )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
-    runs: list[dict] = []
+    runs: list[dict] = json.loads(args.out.read_text()) if args.out.exists() else []  # resumed
     for model in args.models.split(","):  # one at a time: each loads alone
         score(model, seeds, args.max_tokens, args.out, runs)
     print("\n".join(table(runs)))
     sizes = {m: CATALOG[m].size for m in tally(runs)}
-    name, reached = choose_default({m: r / n for m, (r, n) in tally(runs).items()}, sizes)
+    name, reached = choose_default({m: r / n for m, (r, n) in tally(runs).items() if n}, sizes)
     print(f"rule: {name}" + ("" if reached else " (none reached 90%: the best scoring one)"))
 
 
