@@ -34,11 +34,14 @@ SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
 CHAT_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")  # gemma3-270m: a base model
 
 
-def one_run(m: edge.Model, seed: int | None, max_tokens: int, run: dict, save: Callable[[], None]) -> None:
-    """Every question of `run` not answered yet: greedy when seed is None, else at the default sampling with
-    that seed; `save` after each answer (an interrupted run keeps what it measured, marked unfinished)."""
+def one_run(
+    m: edge.Model, seed: int | None, max_tokens: int, run: dict, save: Callable[[], None], every: int = 1
+) -> None:
+    """Every `every`-th question `run` has not answered yet: greedy when seed is None, else at the default
+    sampling with that seed; `save` after each answer (an interrupted run keeps what it measured)."""
     sampling = {**SAMPLING, "temperature": 0.0} if seed is None else SAMPLING
-    for q in QUESTIONS[len(run["rows"]) :]:
+    asked = {r["question"] for r in run["rows"]}
+    for q in [q for q in QUESTIONS[::every] if q.q not in asked]:
         t0 = time.perf_counter()
         text = m.generate(q.q, max_tokens=max_tokens, seed=seed, reuse=False, **sampling).text
         run["seconds"] += time.perf_counter() - t0
@@ -47,7 +50,7 @@ def one_run(m: edge.Model, seed: int | None, max_tokens: int, run: dict, save: C
         save()
 
 
-def score(model: str, seeds: list[int], max_tokens: int, out: Path, runs: list[dict]) -> None:
+def score(model: str, seeds: list[int], max_tokens: int, out: Path, runs: list[dict], every: int = 1) -> None:
     """Run `model` greedy, then per seed, resuming the runs `runs` (out's record) holds unfinished."""
     todo = []
     for seed in [None, *seeds]:
@@ -99,17 +102,22 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2", help="seeds at temperature 0.7, after one greedy run")
     ap.add_argument("--max-tokens", type=int, default=112)
     ap.add_argument(
+        "--every", type=int, default=1, help="every N-th question only (a quick, stratified look)"
+    )
+    ap.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / f"default-model-{dt.date.today()}.json"
     )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",") if s]
     runs: list[dict] = json.loads(args.out.read_text()) if args.out.exists() else []  # resumed
-    for model in args.models.split(","):  # one at a time: each loads alone
-        score(model, seeds, args.max_tokens, args.out, runs)
+    for model in [m for m in args.models.split(",") if m]:  # one at a time; --models "": the table only
+        score(model, seeds, args.max_tokens, args.out, runs, args.every)
     print("\n".join(table(runs)))
     sizes = {m: CATALOG[m].size for m in tally(runs)}
     name, reached = choose_default({m: r / n for m, (r, n) in tally(runs).items() if n}, sizes)
     print(f"rule: {name}" + ("" if reached else " (none reached 90%: the best scoring one)"))
+    if any(not r.get("finished") for r in runs):
+        print("provisional: some runs are unfinished (run again to resume them)")
 
 
 if __name__ == "__main__":
