@@ -64,9 +64,8 @@ def score(model: str, seeds: list[int], max_tokens: int, out: Path, runs: list[d
         return
     with edge.load(model, backend="llamacpp", draft="none") as m:
         for run in todo:
-            one_run(
-                m, run["seed"], max_tokens, run, lambda: out.write_text(json.dumps(runs, indent=1) + "\n")
-            )
+            save = lambda: out.write_text(json.dumps(runs, indent=1) + "\n")  # noqa: E731
+            one_run(m, run["seed"], max_tokens, run, save, every)
             right = sum(bool(r["right"]) for r in run["rows"])
             what = "greedy" if run["seed"] is None else f"seed {run['seed']}"
             print(f"{model} {what}: {right}/{len(run['rows'])}", flush=True)
