@@ -3,14 +3,18 @@ it fits there, and open it as a `Model` (edge/model.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
+from edge.errors import InsufficientMemoryError
 from edge.model import Model
 from edge.models.checked import check_model
 from edge.models.store import PullProgress
 from edge.options import LoadOptions
 from edge.speculative import open_speculative
 
-__all__ = ["load"]
+__all__ = ["load", "load_default"]
 
 
 def load(
@@ -91,3 +95,28 @@ def load(
     except BaseException:
         decoder.close()
         raise
+
+
+def load_default(*, on_fallback: Callable[[str], None] | None = None, **options: Any) -> Model:
+    """The default model (models/catalog.py DEFAULT_MODEL) with `load`'s `options`; where it needs more memory
+    than is free, the largest smaller catalog chat model that fits, and `on_fallback` hears which and why.
+    Raises the default's InsufficientMemoryError when none fits."""
+    from edge.models.catalog import CATALOG, DEFAULT_MODEL
+
+    limit = CATALOG[DEFAULT_MODEL].size
+    fitting = sorted((e for e in CATALOG.values() if e.chat and e.size <= limit), key=lambda e: -e.size)
+    first: InsufficientMemoryError | None = None
+    for entry in fitting:
+        try:
+            loaded = load(entry.name, **options)
+        except InsufficientMemoryError as err:
+            first = first or err
+            continue
+        if first is not None and on_fallback is not None:
+            on_fallback(
+                f"the default model {DEFAULT_MODEL} needs about {first.needed >> 20} MiB, "
+                f"{first.available >> 20} MiB free: running {entry.name}, the largest catalog chat model that fits"
+            )
+        return loaded
+    assert first is not None  # the default itself is a chat model, so it was tried
+    raise first

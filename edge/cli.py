@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from edge import __version__
@@ -76,8 +77,12 @@ def _draft_json(
     return out
 
 
+def _note(line: str) -> None:
+    print(f"edge: {line}", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from edge.api import load
+    from edge.api import load, load_default
     from edge.grammar import cli_grammar
     from edge.options import GenerateOptions
 
@@ -118,7 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop=tuple(args.stop or ()),
         response_format=cli_grammar(args.json_schema, args.json_object),
     ).config()
-    with load(model, **load_kwargs(args)) as m:
+    opener = partial(load, model) if model is not None else partial(load_default, on_fallback=_note)
+    with opener(**load_kwargs(args)) as m:
         p = m.placement
         loaded = _backend_config(p.backend)
         for line in _run_notes(m, args, config, loaded):
