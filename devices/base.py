@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 __all__ = [
+    "Batching",
     "Capabilities",
     "Decoder",
     "KVFill",
@@ -75,6 +76,14 @@ class Partitions(Protocol):
         ...
 
 
+class Batching(Protocol):
+    """Sequences on one copy of the weights: `slots(n)` gives n decoders, each with its own KV cache (ring,
+    sinks, rollback), whose forwards from concurrent threads run packed into one graph run (continuous
+    batching, devices/batch.py). This decoder itself is not used afterwards; the last slot closed closes it."""
+
+    def slots(self, n: int) -> list[Decoder]: ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a decoder can do beyond the core contract. Every decoder states `max_rollback`; the others are
@@ -92,6 +101,7 @@ class Capabilities:
     # The runtime prepares its kernels on the first many-row and one-row runs after load (OpenVINO's CPU plugin
     # repacks the weights then), so the first prompt costs more than later ones unless a warm-up ran them
     first_run_costs: bool = False
+    batching: Batching | None = None
 
 
 @runtime_checkable

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.devices.base import Capabilities
+from edge.devices.base import Capabilities, Decoder
+from edge.devices.batch import batched
 from edge.devices.invariance import rows_invariant
 from edge.devices.mapped import release_heap
 from edge.devices.precision import check_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
 from edge.errors import ModelFormatError
+from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
 from edge.models.gguf_file import GGUFFile
@@ -217,15 +219,41 @@ class GraphDecoder(RingDecoder):
         )
 
     def capabilities(self) -> Capabilities:
-        return replace(super().capabilities(), batch_invariant=self._invariant)
+        batching = None if self.options.static_shapes else self  # packed steps take dynamic shapes
+        return replace(super().capabilities(), batch_invariant=self._invariant, batching=batching)
 
     def _step(
         self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
     ) -> np.ndarray:
-        cache = self.cache
-        view = cache.begin(len(ids))
+        view = self.cache.begin(len(ids))
         if view.dropped:
             raise self._overflowed()
+        feeds = self.step_feeds(self, view, ids, last_only, window=window, score=score)
+        out = self.run(feeds)
+        self.cache.commit(out[1::2], out[2::2])
+        return out[0][0]  # [r, vocab]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One run of the graph: logits, then new_key_i, new_value_i per layer."""
+        return self._run(self.runner, feeds, self._outputs)
+
+    def slots(self, n: int) -> list[Decoder]:
+        """`Batching`: n decoders, each its own KV, sharing this graph (devices/batch.py)."""
+        return batched(self, n)
+
+    def step_feeds(
+        self,
+        ring: RingDecoder,
+        view: StepView,
+        ids: Sequence[int],
+        last_only: bool,
+        *,
+        window: bool,
+        score: bool,
+    ) -> dict[str, np.ndarray]:
+        """This graph's inputs for the step `view` began on `ring`'s cache (this decoder's own, or a batch
+        slot's of the same geometry: devices/batch.py)."""
+        cache = ring.cache
         # no rows: the head is skipped (a 512-token prompt in 256-token chunks: gemma3-270m's 262k-row head
         # is ~1% of the prefill per chunk)
         picked = range(len(ids)) if not last_only else [len(ids) - 1] if score else []
@@ -237,16 +265,14 @@ class GraphDecoder(RingDecoder):
         }
         layers = range(self.cfg.n_layer)
         if self.staged:
-            st = staged_feeds(cache, view, self._mask_layer, SLOT_GRAIN, window=window)
-            feeds.update(st.masks, **self._past_feeds(layers, st.past), stage_index=st.index)
+            st = staged_feeds(cache, view, ring._mask_layer, SLOT_GRAIN, window=window)
+            feeds.update(st.masks, **ring._past_feeds(layers, st.past), stage_index=st.index)
             for i in layers:
                 feeds[f"stage_key_{i}"], feeds[f"stage_value_{i}"] = st.stage_keys[i], st.stage_values[i]
         else:
-            masks, bound = self._bindings(view)
-            feeds.update(masks, **self._past_feeds(layers, bound))
-        out = self._run(self.runner, feeds, self._outputs)
-        cache.commit(out[1::2], out[2::2])
-        return out[0][0]  # [r, vocab]
+            masks, bound = ring._bindings(view)
+            feeds.update(masks, **ring._past_feeds(layers, bound))
+        return feeds
 
     def close(self) -> None:
         runner, self.runner = self.runner, None  # type: ignore[assignment]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType
 
+from edge.models.catalog import DEFAULT_MODEL
 from tests.reliability.ggufs import rewrite_gguf
 from tests.shared_cache import pull_named_models, share_models
 from tests.tiny_models import TinySpec, write_tiny_model
@@ -116,12 +117,12 @@ def test_what_needs_llama_cpp_says_how_to_install_it(cache: Path, tiny: Path, tm
 @pytest.mark.slow
 def test_the_readme_first_command_without_llama_cpp(cache: Path) -> None:
     """`edge run "Why is the sky blue?"` as the README has it, on the default model: a sensible answer."""
-    pull_named_models(["smollm2-135m"])
+    pull_named_models([DEFAULT_MODEL])
     proc = edge_without_llamacpp(
         cache, "run", "Why is the sky blue?", "--json", "--temperature", "0", "--max-tokens", "96"
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["model"] == "smollm2-135m" and out["backend"] in ("ort", "openvino")
+    assert out["model"] == DEFAULT_MODEL and out["backend"] in ("ort", "openvino")
     text = out["text"].lower()
     assert "scatter" in text or "wavelength" in text or "rayleigh" in text, out["text"]

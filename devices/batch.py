@@ -1,0 +1,336 @@
+"""Continuous batching on edge's own graphs: many sequences, one copy of the weights, one graph run a step.
+
+`BatchEngine` owns a `GraphDecoder` (the weights and the compiled graph) and hands out `SlotDecoder`s. A slot
+is a whole `Decoder` with its own ring KV cache (sinks, rollback, overflow policy): it cuts its forwards into
+pieces exactly as the graph decoder does (RingDecoder.forward), builds each piece's inputs against its own
+cache, and hands them to the engine. The engine's thread packs the pieces waiting from all slots into one run:
+
+    tokens     concatenated (hidden, positions): RoPE takes each token's own position
+    past K/V   each slot's bound ring prefix, concatenated along the slot axis (a copy; none for one slot)
+    masks      block-diagonal: a slot's rows see its own past and its own new tokens, never another slot's
+    staged     each slot's staging window concatenated, stage_index shifted, one padding row at the end
+
+and splits the logits rows and the new K/V back per slot, which each slot commits to its own cache. Decode is
+bound by reading the weights, so a run carrying one new token of each of 4 sequences costs about one carrying 1.
+
+Who joins a step: every slot whose piece is waiting. After a step the engine waits up to `linger` for the
+slots that were in it (each samples its next token meanwhile), so steady decoding stays in one batch instead
+of splitting into alternating halves; a slot that does not come back (its generation ended) stops being
+waited for. At most one prompt chunk (a piece of more than WINDOW tokens) rides in a step, with every decode
+row: a long prompt delays the others' next tokens by one chunk's time at most, and is not starved.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from edge.devices.base import Capabilities, Decoder
+from edge.devices.ring_decoder import RingDecoder
+from edge.devices.runners import Runner
+from edge.errors import DeviceError
+from edge.kvcache import StepView
+from edge.kvcache.ring import NEG_INF
+from edge.kvcache.staging import WINDOW
+from edge.models.arch import ArchConfig
+
+__all__ = ["BatchEngine", "SlotDecoder", "pack"]
+
+LINGER_S = 0.01  # how long a step waits for the slots of the last one (a sampling step takes ~1-5 ms)
+
+
+class Shared(Protocol):
+    """What the engine needs of the decoder whose graph it runs (GraphDecoder is one)."""
+
+    cfg: ArchConfig
+    backend: str
+    device: str
+    staged: bool
+    first_run_costs: bool
+    runner: Runner | None
+
+    @property
+    def options(self) -> SlotGeometry: ...
+
+    def step_feeds(
+        self,
+        ring: RingDecoder,
+        view: StepView,
+        ids: Sequence[int],
+        last_only: bool,
+        *,
+        window: bool,
+        score: bool,
+    ) -> dict[str, np.ndarray]: ...
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+class SlotGeometry(Protocol):
+    """The KV geometry a slot copies from the shared decoder (GraphOptions has these fields)."""
+
+    capacity: int
+    sink: int
+    policy: str
+    max_rollback: int
+    prefill_chunk: int
+    static_shapes: bool
+
+
+@dataclass
+class _Piece:
+    """One slot's share of a step: its graph inputs, and where its answer goes."""
+
+    slot: SlotDecoder
+    feeds: dict[str, np.ndarray]
+    done: threading.Event = field(default_factory=threading.Event)
+    out: list[np.ndarray] | None = None
+    error: BaseException | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.feeds["positions"].shape[0])
+
+
+class BatchEngine:
+    """The shared graph decoder and the thread that runs the packed steps (see the module docstring)."""
+
+    def __init__(self, base: Shared, *, linger: float = LINGER_S) -> None:
+        self.base = base
+        self.linger = linger
+        self._cond = threading.Condition()
+        self._waiting: list[_Piece] = []
+        self._expected: set[int] = set()  # slots (ids) of the last step, waited for up to `linger`
+        self._open = 0
+        self._closed = False
+        self.steps = 0  # runs made, and the pieces and tokens they carried (for /health and tests)
+        self.pieces = 0
+        self.tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
+        self._thread.start()
+
+    def slots(self, n: int) -> list[SlotDecoder]:
+        if n < 1:
+            raise ValueError(f"a batch needs at least one slot, got {n}")
+        with self._cond:
+            self._open += n
+        return [SlotDecoder(self) for _ in range(n)]
+
+    # -- what slots call -------------------------------------------------------------------------------
+    def run(self, piece: _Piece) -> list[np.ndarray]:
+        with self._cond:
+            if self._closed:
+                raise DeviceError("the batch engine is closed", hint="load the model again")
+            self._waiting.append(piece)
+            self._cond.notify_all()
+        piece.done.wait()
+        if piece.error is not None:
+            raise piece.error
+        assert piece.out is not None
+        return piece.out
+
+    def release(self) -> None:
+        """A slot closed; the last one stops the engine and closes the shared decoder."""
+        with self._cond:
+            self._open -= 1
+            last = self._open == 0
+            if last:
+                self._closed = True
+                self._cond.notify_all()
+        if last:
+            self._thread.join()
+            self.base.close()
+
+    @property
+    def mean_batch(self) -> float:
+        return self.pieces / self.steps if self.steps else 0.0
+
+    # -- the engine thread -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            batch = self._gather()
+            if batch is None:
+                return
+            self._step(batch)
+
+    def _gather(self) -> list[_Piece] | None:
+        """The pieces of the next step: wait for one, then up to `linger` for the last step's slots."""
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if self._closed and not self._waiting:
+                return None
+            deadline = time.monotonic() + self.linger
+            while not self._closed and not self._expected <= {id(p.slot) for p in self._waiting}:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, chunked = [], False
+            for p in self._waiting:  # FIFO; one prompt chunk a step
+                if p.n > WINDOW:
+                    if chunked:
+                        continue
+                    chunked = True
+                batch.append(p)
+            self._waiting = [p for p in self._waiting if p not in batch]
+            self._expected = {id(p.slot) for p in batch}
+            return batch
+
+    def _step(self, batch: list[_Piece]) -> None:
+        base = self.base
+        try:
+            feeds, splits = pack([p.feeds for p in batch], base.cfg.n_layer, staged=base.staged)
+            out = base.run(feeds)
+            parts = unpack(out, splits)
+        except BaseException as exc:  # every slot of the step gets it; the engine goes on
+            for p in batch:
+                p.error = exc
+                p.done.set()
+            return
+        self.steps += 1
+        self.pieces += len(batch)
+        self.tokens += sum(p.n for p in batch)
+        for p, o in zip(batch, parts, strict=True):
+            p.out = o
+            p.done.set()
+
+
+@dataclass(frozen=True)
+class _Split:
+    rows: tuple[int, int]  # this piece's logits rows
+    tokens: tuple[int, int]  # its new tokens
+
+
+def pack(
+    parts: Sequence[dict[str, np.ndarray]], n_layer: int, *, staged: bool
+) -> tuple[dict[str, np.ndarray], list[_Split]]:
+    """One graph's inputs carrying every part's step (each built for its own cache by
+    GraphDecoder.step_feeds), and where each part's rows lie in the outputs."""
+    splits, r0, t0 = [], 0, 0
+    for f in parts:
+        r, t = int(f["logit_rows"].shape[0]), int(f["positions"].shape[0])
+        splits.append(_Split((r0, r0 + r), (t0, t0 + t)))
+        r0, t0 = r0 + r, t0 + t
+    if len(parts) == 1:
+        return dict(parts[0]), splits
+    feeds: dict[str, np.ndarray] = {
+        "hidden": np.concatenate([f["hidden"] for f in parts], axis=1),
+        "positions": np.concatenate([f["positions"] for f in parts]),
+        "logit_rows": np.concatenate(
+            [f["logit_rows"] + s.tokens[0] for f, s in zip(parts, splits, strict=True)]
+        ),
+    }
+    rows = [s.tokens[1] - s.tokens[0] for s in splits]
+    # the new columns: a staged graph's staging window, else the step's own tokens
+    news = [int(f["stage_key_0"].shape[1]) for f in parts] if staged else rows
+    for name in (k for k in parts[0] if k.startswith("mask_")):
+        feeds[name] = _block_mask([f[name] for f in parts], rows, news, pad=staged)
+    for i in range(n_layer):
+        for kv in ("key", "value"):
+            feeds[f"past_{kv}_{i}"] = np.concatenate([f[f"past_{kv}_{i}"] for f in parts], axis=1)
+            if staged:
+                feeds[f"stage_{kv}_{i}"] = np.concatenate([f[f"stage_{kv}_{i}"] for f in parts], axis=1)
+    if staged:
+        index, w0 = [], 0
+        for f in parts:
+            idx = f["stage_index"].copy()
+            idx[..., 1] += w0
+            index.append(idx)
+            w0 += int(f["stage_key_0"].shape[1])
+        feeds["stage_index"] = np.concatenate(index, axis=1)
+    return feeds, splits
+
+
+def _block_mask(
+    masks: Sequence[np.ndarray], rows: Sequence[int], news: Sequence[int], *, pad: bool
+) -> np.ndarray:
+    """Each part's mask [1, 1, rows (+1 padding row), past + new] placed on the diagonal of (all rows) x
+    (all pasts ++ all new columns): a row sees its own sequence only. `pad` (staged): the parts' padding rows
+    are dropped and the whole gets one, all visible (any finite row: the graph drops it)."""
+    pasts = [m.shape[-1] - n for m, n in zip(masks, news, strict=True)]
+    big = np.full((1, 1, sum(rows) + pad, sum(pasts) + sum(news)), NEG_INF, np.float32)
+    r, p, w, wbase = 0, 0, 0, sum(pasts)
+    for m, q, b, n in zip(masks, rows, pasts, news, strict=True):
+        big[0, 0, r : r + q, p : p + b] = m[0, 0, :q, :b]
+        big[0, 0, r : r + q, wbase + w : wbase + w + n] = m[0, 0, :q, b:]
+        r, p, w = r + q, p + b, w + n
+    if pad:
+        big[0, 0, -1] = 0.0
+    return big
+
+
+def unpack(out: Sequence[np.ndarray], splits: Sequence[_Split]) -> list[list[np.ndarray]]:
+    """Per part: [logits [1, r, vocab], then new_key_i, new_value_i per layer, each [1, n, kvh, hd]]."""
+    if len(splits) == 1:
+        return [list(out)]
+    logits, kv = out[0], out[1:]
+    return [
+        [logits[:, s.rows[0] : s.rows[1]]] + [x[:, s.tokens[0] : s.tokens[1]] for x in kv] for s in splits
+    ]
+
+
+class SlotDecoder(RingDecoder):
+    """One sequence of a batch: a Decoder with its own ring KV cache whose graph runs the engine packs."""
+
+    def __init__(self, engine: BatchEngine) -> None:
+        base = engine.base
+        opts = base.options
+        self._engine, self._closed = engine, False
+        self.backend, self.device = base.backend, base.device
+        self.staged, self.first_run_costs = base.staged, base.first_run_costs
+        self._init_ring(
+            base.cfg,
+            opts.capacity,
+            sink=opts.sink,
+            policy=opts.policy,
+            max_rollback=opts.max_rollback,
+            prefill_chunk=opts.prefill_chunk,
+            bind_all=opts.static_shapes,
+        )
+
+    @property
+    def engine(self) -> BatchEngine:
+        return self._engine
+
+    def _step(
+        self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
+    ) -> np.ndarray:
+        if self._closed:
+            raise DeviceError("this batch slot is closed", hint="load the model again")
+        view = self.cache.begin(len(ids))
+        if view.dropped:
+            raise self._overflowed()
+        base = self._engine.base
+        feeds = base.step_feeds(self, view, ids, last_only, window=window, score=score)
+        out = self._engine.run(_Piece(self, feeds))
+        self.cache.commit(out[1::2], out[2::2])
+        return out[0][0]
+
+    def capabilities(self) -> Capabilities:
+        # NOTE: not batch-invariant: the rows a step carries depend on what the other slots do
+        return Capabilities(
+            max_rollback=self.max_rollback,
+            sinks=self,
+            staged=self.staged,
+            first_run_costs=self.first_run_costs,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._engine.release()
+
+
+def batched(base: Shared, n: int) -> list[Decoder]:
+    """n slots sharing `base` (what GraphDecoder's `Batching` capability hands out)."""
+    return list(BatchEngine(base).slots(n))
