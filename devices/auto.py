@@ -278,10 +278,19 @@ def choose_backend(
     precision: str = "fast",
     threads: int | None = None,
     available: Sequence[str] | None = None,
+    batching: bool = False,
 ) -> Choice:
     """The backend `--backend auto` runs `path` (a GGUF file) on, on this machine's CPU; an installed backend
-    refused here (llama.cpp failing its known-answer check) is no candidate, and the note says so."""
+    refused here (llama.cpp failing its known-answer check) is no candidate, and the note says so.
+    `batching`: several sequences will run at once (`edge serve --parallel N`): only the own graphs carry
+    them in one forward on one copy of the weights (devices/batch.py), so auto chooses among those unless
+    the file runs only on llama.cpp (which then runs as replicas)."""
     have, refused = probe_candidates() if available is None else (list(available), {})
+    if batching and own_graph_refusal(path) is None and any(b in GRAPH_BACKENDS for b in have):
+        have = [b for b in have if b in GRAPH_BACKENDS]
+        choice = _choose(path, precision, threads, have, refused)
+        note = "parallel requests: only the own graphs batch them on one copy of the weights"
+        return replace(choice, note=f"{choice.note}; {note}" if choice.note else note)
     choice = _choose(path, precision, threads, have, refused)
     if not refused or choice.backend in refused:
         return choice

@@ -113,6 +113,7 @@ class BatchEngine:
         self.steps = 0  # runs made, and the pieces and tokens they carried (for /health and tests)
         self.pieces = 0
         self.tokens = 0
+        self.mixed_steps = 0  # runs that carried a prompt piece beside decode rows
         self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
         self._thread.start()
 
@@ -147,6 +148,10 @@ class BatchEngine:
         if last:
             self._thread.join()
             self.base.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     @property
     def mean_batch(self) -> float:
@@ -198,6 +203,8 @@ class BatchEngine:
         self.steps += 1
         self.pieces += len(batch)
         self.tokens += sum(p.n for p in batch)
+        sizes = {p.n == 1 for p in batch}
+        self.mixed_steps += len(sizes) == 2
         for p, o in zip(batch, parts, strict=True):
             p.out = o
             p.done.set()

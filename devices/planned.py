@@ -60,6 +60,9 @@ class PlannedOptions:
     static_capacity: int = 1024  # static plans: KV slots (the ring wraps beyond, keeping sinks)
     precision: str = "fast"  # every partition's: fast | exact
     available_memory: int | None = None  # bytes to assume free for the memory check; None measures it
+    batching: bool = (
+        False  # sequences will run at once: auto prefers the backends that batch (devices/auto.py)
+    )
 
 
 def _ranges(plan: Plan) -> str:
@@ -319,7 +322,9 @@ def open_requested(
 
 
 def _auto_choice(path: Path, options: PlannedOptions) -> Choice:
-    return choose_backend(path, precision=options.precision, threads=options.threads)
+    return choose_backend(
+        path, precision=options.precision, threads=options.threads, batching=options.batching
+    )
 
 
 def _open_auto(model: CheckedModel, placement: Placement, dopts: DecoderOptions) -> tuple[Decoder, Placement]:

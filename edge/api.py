@@ -32,6 +32,7 @@ def load(
     precision: str = "fast",
     available_memory: int | None = None,
     on_progress: PullProgress | None = None,
+    parallel: int = 1,
 ) -> Model:
     """Load a catalog model (pulled and checked on first use) or a local .gguf file (or `edge convert` output).
 
@@ -49,6 +50,8 @@ def load(
     when it needs more than is free (`available_memory`: bytes to assume free instead of measuring).
     `on_progress(done_bytes, total_bytes, phase)` sees the pull of a catalog model not downloaded yet: phase
     "download" while it arrives, then "verified" once; None shows it on stderr.
+    `parallel`: how many sequences the caller will run at once (`model.slots(n)` splits the model into that
+    many, on one copy of the weights); above 1, auto chooses among the backends that batch them.
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -66,13 +69,18 @@ def load(
         draft=draft,
         draft_device=draft_device,
         draft_k=draft_k,
+        parallel=parallel,
     )
     checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
     request = DeviceRequest(
         opts.backend, opts.device, "cpu" if fallback is True else (fallback or None), emulate
     )
     popts = PlannedOptions(
-        n_ctx=n_ctx, threads=n_threads, precision=precision, available_memory=available_memory
+        n_ctx=n_ctx,
+        threads=n_threads,
+        precision=precision,
+        available_memory=available_memory,
+        batching=parallel > 1,
     )
     opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
     decoder, placement = opening.open()  # auto may have moved to llama.cpp while building

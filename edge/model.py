@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edge.devices.base import Decoder, warm_kernels
+from edge.devices.batch import BatchEngine, SlotDecoder
 from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
@@ -35,7 +36,7 @@ from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
 from edge.session import KVSession, KVState, common_prefix
-from edge.speculative import SpeculativeDecoding, drafts_greedy
+from edge.speculative import SpeculativeDecoding, drafts_greedy, open_speculative
 from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools, template_messages
 
 __all__ = ["ChatMessage", "Model", "Result", "Stream"]
@@ -189,6 +190,8 @@ class Model:
         self._closing = threading.Event()  # close() was called: a warm-up stops at its next piece
         self._busy = False  # a generation is running (the RLock alone lets one thread interleave two)
         self._closed = False
+        self._handed_over = False  # `slots` gave the decoder to a batch engine
+        self.batch_engine: BatchEngine | None = None  # a slot's: the engine that packs its steps with others'
 
     # -- what was loaded -------------------------------------------------------------------------
     @property
@@ -690,6 +693,65 @@ class Model:
         n = min(common_prefix(chats[0], ids) for ids in chats[1:])
         return chats[0][:n], self.system_span([*head, {"role": "user", "content": _OPENING_PROBES[0]}])
 
+    # -- batching --------------------------------------------------------------------------------
+    @property
+    def batches(self) -> bool:
+        """Whether `slots` can split this model (its decoder declares `Capabilities.batching`)."""
+        return self.decoder.capabilities().batching is not None
+
+    def slots(self, n: int) -> list[Model]:
+        """n Models on this one's weights, for n generations at once (continuous batching: each has its own KV
+        cache; their forwards from concurrent threads run packed into one graph run, devices/batch.py). This
+        model hands its decoder over and is closed; the last slot closed frees the weights. Drafting: prompt
+        lookup where this model drafted (a draft model would need a copy per slot: refused)."""
+        batching = self.decoder.capabilities().batching
+        if batching is None:
+            raise EdgeError(
+                f"{self.name} on {self.backend} cannot run several sequences in one forward",
+                hint="load it on an own-graph backend (ort, openvino) for slots; llama.cpp runs replicas",
+            )
+        if n < 1:
+            raise ValueError(f"slots needs n >= 1 (got {n})")
+        draft = self.options.draft
+        if self.speculative is not None and draft not in ("auto", "ngram"):
+            raise EdgeError(
+                f"draft model {draft} with {n} slots: each slot would need its own copy of it",
+                hint="use --draft ngram or auto (prompt lookup) with --parallel",
+            )
+        lookup = self.speculative is not None
+        with self._lock:
+            if self._closed or self._busy:
+                raise EdgeError("slots of a closed or busy model", hint="call slots() right after load")
+            decoders = batching.slots(n)
+            engine = decoders[0].engine if isinstance(decoders[0], SlotDecoder) else None
+            self._closed = self._handed_over = True  # the engine closes the decoder with its last slot
+            self._closing.set()
+            if self.speculative is not None:
+                self.speculative.close()
+                self.speculative = None
+        models = [self._slot_model(d, lookup=lookup) for d in decoders]
+        for m in models:
+            m.batch_engine = engine
+        return models
+
+    def _slot_model(self, decoder: Decoder, *, lookup: bool) -> Model:
+        m = Model(self.checked, decoder, self.placement, device_plan=self.device_plan, options=self.options)
+        if lookup:
+            o = self.options
+            m.speculative = open_speculative(
+                "ngram",
+                decoder,
+                self.tokenizer,
+                self.name,
+                target_backend=self.backend,
+                target_path=self.path,
+                draft_k=o.draft_k,
+                n_ctx=o.n_ctx,
+                precision=o.precision,
+                greedy=drafts_greedy(o.draft, o.precision, decoder),
+            )
+        return m
+
     # -- lifetime --------------------------------------------------------------------------------
     def close(self) -> None:
         """Free the model (waits for a running generation, or for a warm-up's current forward)."""
@@ -700,7 +762,8 @@ class Model:
                 if self.speculative is not None:
                     self.speculative.close()
             finally:
-                self.decoder.close()
+                if not self._handed_over:
+                    self.decoder.close()
 
     def __enter__(self) -> Model:
         return self

@@ -36,6 +36,9 @@ class LoadOptions:
     draft: str | None = "auto"
     draft_device: str = "cpu"
     draft_k: int = 16
+    # Sequences the caller will run at once (`Model.slots`): above 1, auto chooses among the backends that
+    # batch them in one forward (the own graphs), unless only llama.cpp runs the file.
+    parallel: int = 1
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,11 @@ def add_parser(sub: Any) -> None:
         help="models held at once; above those named, pulled ones load on demand",
     )
     srv.add_argument(
-        "--parallel", type=int, default=1, help="replicas per model: requests served at once (threads split)"
+        "--parallel",
+        type=int,
+        default=1,
+        help="requests served at once per model: N slots of one model in one forward (own graphs; "
+        "auto picks one), or N replicas with the threads split (llama.cpp)",
     )
     srv.add_argument(
         "--queue", type=int, default=32, help="requests waiting per model before 429 (default 32)"

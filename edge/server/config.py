@@ -59,7 +59,8 @@ class ServerConfig:
     models_max: int = (
         1  # models held at once; above the ones named at start, pulled catalog models load on demand
     )
-    parallel: int = 1  # replicas of each model: requests run on this many at once
+    # requests per model run at once: slots of one batched model (own graphs), else replicas (llama.cpp)
+    parallel: int = 1
     load: LoadSettings = field(default_factory=LoadSettings)
     limits: Limits = field(default_factory=Limits)
 

@@ -29,10 +29,10 @@ class ModelBusyError(EdgeError):
     """`--models-max` models are loaded and all of them are serving requests."""
 
 
-Loader = Callable[[str, LoadSettings, int | None], edge.model.Model]
+Loader = Callable[[str, LoadSettings, int | None, int], edge.model.Model]
 
 
-def load_model(ref: str, settings: LoadSettings, n_threads: int | None) -> edge.model.Model:
+def load_model(ref: str, settings: LoadSettings, n_threads: int | None, parallel: int) -> edge.model.Model:
     return edge.api.load(
         ref,
         device=settings.device,
@@ -45,6 +45,7 @@ def load_model(ref: str, settings: LoadSettings, n_threads: int | None) -> edge.
         draft_k=settings.draft_k,
         emulate=settings.emulate,
         precision=settings.precision,
+        parallel=parallel,
     )
 
 
@@ -109,7 +110,8 @@ class Registry:
                 target=warm, args=(model,), name=f"edge-warm-up-{sched.name}-{i}", daemon=True
             ).start()
 
-    def _threads(self) -> int | None:
+    def _replica_threads(self) -> int | None:
+        """Threads of each of `--parallel` replicas: the physical cores split between them."""
         s = self.config.load
         if s.n_threads is not None or self.config.parallel == 1:
             return s.n_threads
@@ -119,18 +121,30 @@ class Registry:
         return max(1, cores // self.config.parallel)
 
     def _load(self, ref: str) -> Scheduler:
+        """`--parallel N`: N slots of one model where its backend batches (one copy of the weights, each
+        slot its own KV, their steps in one forward: devices/batch.py); else N replicas, each a whole copy
+        with its share of the cores (llama.cpp), said in the log."""
         n = self.config.parallel
-        log.info("loading model %s (%d replica%s)", ref, n, "" if n == 1 else "s")
+        log.info("loading model %s%s", ref, "" if n == 1 else f" for {n} requests at once")
         t0 = time.monotonic()
-        replicas: list[edge.model.Model] = []
-        try:
-            for _ in range(n):
-                replicas.append(self._loader(ref, self.config.load, self._threads()))
-        except BaseException:
-            for m in replicas:
-                m.close()
-            raise
-        m = replicas[0]
+        first = self._loader(ref, self.config.load, self.config.load.n_threads, n)
+        batched = n > 1 and first.batches
+        if n == 1:
+            models = [first]
+        elif batched:
+            try:
+                models = first.slots(n)
+            except BaseException:
+                first.close()
+                raise
+            log.info("%s: %d slots on one copy of the weights (continuous batching)", ref, n)
+        else:
+            backend = first.backend
+            first.close()
+            log.info("%s: %s does not batch sequences: %d replicas, %s threads each",
+                     ref, backend, n, self._replica_threads() or "default")  # fmt: skip
+            models = self._replicas(ref, n)
+        m = models[0]
         note = f", fallback {m.fallback}" if m.fallback else ""
         auto = m.placement.auto
         note += f", backend {auto.label}" if auto is not None else ""
@@ -138,7 +152,18 @@ class Registry:
             "loaded model %s as %r on %s:%s in %.1f s%s",
             ref, m.name, m.backend, m.device, time.monotonic() - t0, note,
         )  # fmt: skip
-        return Scheduler(replicas, self.config.limits.queue_size)
+        return Scheduler(models, self.config.limits.queue_size, batched=batched)
+
+    def _replicas(self, ref: str, n: int) -> list[edge.model.Model]:
+        replicas: list[edge.model.Model] = []
+        try:
+            for _ in range(n):
+                replicas.append(self._loader(ref, self.config.load, self._replica_threads(), 1))
+        except BaseException:
+            for r in replicas:
+                r.close()
+            raise
+        return replicas
 
     def get(self, name: str) -> Scheduler:
         """The scheduler of model `name`, loading a pulled catalog model on demand (blocking: call it off the

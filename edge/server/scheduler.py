@@ -1,7 +1,10 @@
-"""Fair, bounded scheduling of generations on a model's replicas.
+"""Fair, bounded scheduling of generations on a model's replicas or batch slots.
 
 Requests for one model wait in one FIFO queue (bounded: `QueueFull` beyond it, a 429) and run on the first
-free replica, one generation per replica at a time, in a worker thread per replica. When several replicas
+free replica, one generation per replica at a time, in a worker thread per replica. With `--parallel N` on a
+backend that batches, the "replicas" are N slots of one model (`Model.slots`): each has its own KV cache, and
+their workers' forwards meet in the batch engine, which runs them packed into one graph run a step
+(devices/batch.py), so every active request joins each step (continuous batching). When several replicas
 are free, the request goes to the one whose KV cache already holds the longest prefix of its prompt, so a
 conversation that sends its history again keeps reusing its KV (edge.session) even when clients interleave.
 
@@ -147,10 +150,11 @@ class _Worker:
 class Scheduler:
     """The queue and the workers of one model name (each worker owns one replica)."""
 
-    def __init__(self, replicas: Sequence[Model], queue_size: int) -> None:
+    def __init__(self, replicas: Sequence[Model], queue_size: int, *, batched: bool = False) -> None:
         if not replicas:
             raise ValueError("a scheduler needs at least one replica")
         self.name = replicas[0].name
+        self.batched = batched  # the replicas are slots of one batch engine (Model.slots)
         self.queue_size = queue_size
         self._lock = threading.Lock()
         self.render_lock = threading.Lock()  # chat templates render one at a time (see app._render)
@@ -218,12 +222,22 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            return {
+            out: dict[str, Any] = {
+                "mode": "slots" if self.batched else "replicas",
                 "replicas": len(self._workers),
                 "running": len(self._running),
                 "queued": len(self._queue),
                 "completed": self.completed,
             }
+        engine = self._workers[0].model.batch_engine
+        if engine is not None:
+            out["batch"] = {
+                "steps": engine.steps,
+                "mean_batch": round(engine.mean_batch, 2),
+                "tokens": engine.tokens,
+                "mixed_steps": engine.mixed_steps,
+            }
+        return out
 
     def cut(self) -> tuple[int, int]:
         """End every job now: the queued fail with ServerStopping, the running stop at their next token with

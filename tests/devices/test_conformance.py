@@ -54,11 +54,30 @@ def _backend(name: str) -> Callable[[Path, Path], Decoder]:
     return opener
 
 
+def _batch_slot(path: Path, tmp: Path) -> Decoder:
+    """A slot of a batch (devices/batch.py) keeps the contract too; its sibling decodes beside it meanwhile."""
+    import threading
+
+    base = _backend("ort")(path, tmp)
+    batching = base.capabilities().batching
+    assert batching is not None, "the ORT graph declares batching"
+    slot, sibling = batching.slots(2)
+
+    def busy() -> None:
+        for i in range(40):
+            sibling.forward([1 + i % 7])
+        sibling.close()
+
+    threading.Thread(target=busy, daemon=True).start()
+    return slot
+
+
 # name -> (how to open it, whether it is partitioned)
 CASES: dict[str, tuple[Callable[[Path, Path], Decoder], bool]] = {
     **{name: (_backend(name), False) for name in runnable_backends()},
     "partitioned:ort+openvino": (_partitioned, True),
     "npu-emulated(static)": (_npu_emulated, True),
+    "batch-slot(ort)": (_batch_slot, False),
 }
 
 

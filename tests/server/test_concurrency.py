@@ -72,6 +72,41 @@ def test_four_streaming_clients_all_complete_with_their_own_answers(
     assert scheduler(s).stats()["completed"] == 12
 
 
+def test_parallel_slots_batch_every_request_into_shared_steps(start_server: Callable[..., Server]) -> None:
+    """`--parallel 4` on an own graph: 4 slots of one model (one copy of the weights), every active request in
+    each step; at --precision exact each answer equals the answer alone, token for token."""
+    alone = start_server(backend="ort", precision="exact")
+    s = start_server(backend="ort", precision="exact", parallel=4)
+    sched = scheduler(s)
+    assert sched.stats()["mode"] == "slots" and sched.stats()["replicas"] == 4
+    engine = sched.replicas[0].batch_engine
+    assert engine is not None and all(m.batch_engine is engine for m in sched.replicas)
+
+    def ask(server: Server, p: str) -> str:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        stream = c.chat.completions.create(
+            model="tiny.gguf",
+            messages=[{"role": "user", "content": p}],
+            max_tokens=48,
+            temperature=0,
+            stream=True,
+        )
+        return "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+
+    prompts = [f"w{i} " * (1 + 9 * i) for i in range(6)]  # mixed lengths: prefill beside others' decode
+    expected = {p: ask(alone, p) for p in prompts}
+    got: dict[str, list[str]] = {p: [] for p in prompts}
+    threads = [threading.Thread(target=lambda p=p: got[p].append(ask(s, p))) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == {p: [expected[p]] for p in prompts}
+    health = httpx.get(s.url + "/health").json()["models"]["tiny.gguf"]
+    assert health["mode"] == "slots" and health["completed"] == len(prompts)
+    assert health["batch"]["mean_batch"] > 1.5, health  # steps really carried several requests
+
+
 def test_disconnect_mid_stream_cancels_within_one_decode_step(start_server: Callable[..., Server]) -> None:
     s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS)
     sched = scheduler(s)

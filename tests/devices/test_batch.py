@@ -1,0 +1,180 @@
+"""Continuous batching on the own graphs (devices/batch.py): slots of one graph decoder, run from concurrent
+threads, packed into one graph run a step. Each slot must compute what the decoder alone computes for its
+sequence: at --precision exact the same greedy tokens, with rows equal to fp32 rounding, through mixed steps
+(one slot's prompt chunk beside the others' decode rows), ring wraps, sinks and rollbacks.
+
+Tiny generated models: a plain llama, a qwen2 (attention biases) and a gemma3 (sliding-window layers), on ORT
+and OpenVINO, staged attention on and off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from edge.devices.base import Decoder
+from edge.devices.batch import BatchEngine
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.errors import ContextOverflowError
+from edge.kvcache.staging import WINDOW
+from edge.models.gguf_file import open_gguf
+from tests.tiny_models import TinySpec, write_tiny_model
+
+Q = gguf.GGMLQuantizationType
+
+SPECS = {
+    "llama-q4_1": TinySpec(arch="llama", weight_type=Q.Q4_1, seed=5),
+    "qwen2-q8_0": TinySpec(arch="qwen2", weight_type=Q.Q8_0, seed=6),
+    "gemma3-f16": TinySpec(arch="gemma3", n_layer=3, weight_type=Q.F16, seed=7),  # sliding windows of 8
+}
+ATOL = 2e-3  # fp32 rows of one sequence computed in another batch shape: summation order only
+
+# one sequence's plan: its prompt, then (tokens to decode, tokens to roll back after them) phases
+Plan = tuple[list[int], list[tuple[int, int]]]
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [1, *rng.integers(3, 250, n - 1).tolist()]
+
+
+PLANS: list[Plan] = [
+    (_prompt(5, 1), [(2 * WINDOW + 5, 0)]),  # decode across two staging-window ends
+    (_prompt(3 * WINDOW + 9, 2), [(9, 3), (12, 0)]),  # a prompt of several chunks, then a rollback
+    (_prompt(17, 3), [(6, 5), (6, 2), (30, 0)]),  # rollbacks twice
+    (_prompt(2, 4), [(40, 0)]),
+]
+
+
+def _options(backend: str, staged: bool, capacity: int) -> GraphOptions:
+    return GraphOptions(
+        backend=backend,
+        precision="exact",
+        staged=staged,
+        capacity=capacity,
+        sink=2,
+        threads=1,
+        prefill_chunk=WINDOW,
+        max_rollback=8,
+    )
+
+
+def _run_plan(dec: Decoder, plan: Plan, start: threading.Barrier | None = None) -> tuple[list[int], list]:
+    """Greedy decoding by `plan`; returns the tokens and the rows each was chosen from."""
+    prompt, phases = plan
+    if start is not None:
+        start.wait()
+    row = dec.forward(prompt, last_only=True)[-1]
+    tokens, rows = [], []
+    for n, back in phases:
+        for _ in range(n):
+            tokens.append(int(row.argmax()))
+            rows.append(row)
+            row = dec.forward([tokens[-1]])[-1]
+        if back:
+            dec.rollback(back)
+            del tokens[-back:], rows[-back:]
+            # the row the last kept token was chosen from is gone with it: score the last kept token again
+            dec.rollback(1)
+            row = dec.forward([tokens[-1]])[-1]
+    return tokens, rows
+
+
+def _in_threads(fns: Sequence[Callable[[], object]]) -> list:
+    out: list = [None] * len(fns)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fns[i]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("batch")
+    return {name: write_tiny_model(tmp / f"{name}.gguf", spec) for name, spec in SPECS.items()}
+
+
+# staged attention is an ORT graph form (kvcache/staging.py)
+@pytest.mark.parametrize(
+    ("backend", "staged"),
+    [("ort", False), ("ort", True), ("openvino", False)],
+    ids=["ort", "ort-staged", "ov"],
+)
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("capacity", [256, 48], ids=["long", "wraps"])
+def test_each_slot_decodes_as_the_decoder_alone(
+    files: dict[str, Path], name: str, backend: str, staged: bool, capacity: int
+) -> None:
+    gg = open_gguf(files[name])
+    alone = GraphDecoder(gg, _options(backend, staged, capacity))
+    expected = []
+    for plan in PLANS:
+        alone.reset()
+        expected.append(_run_plan(alone, plan))
+    alone.close()
+
+    base = GraphDecoder(gg, _options(backend, staged, capacity))
+    batching = base.capabilities().batching
+    assert batching is not None
+    slots = batching.slots(len(PLANS))
+    engine = slots[0].engine  # type: ignore[attr-defined]
+    start = threading.Barrier(len(PLANS))
+    got = _in_threads([lambda s=s, p=p: _run_plan(s, p, start) for s, p in zip(slots, PLANS, strict=True)])
+    for s in slots:
+        s.close()
+
+    for i, ((tokens, rows), (want, want_rows)) in enumerate(zip(got, expected, strict=True)):
+        assert tokens == want, f"sequence {i} parted from its run alone"
+        np.testing.assert_allclose(np.stack(rows), np.stack(want_rows), atol=ATOL)
+    # the steps really were shared: fewer runs than pieces, and some carried a prompt chunk beside decode rows
+    assert engine.mean_batch > 1.5, engine.mean_batch
+    assert engine.mixed_steps > 0
+
+
+def test_a_slot_failing_fails_alone(files: dict[str, Path]) -> None:
+    """A slot whose prompt overflows its KV (policy error) raises; the others finish as alone."""
+    gg = open_gguf(files["llama-q4_1"])
+    opts = GraphOptions(backend="ort", precision="exact", capacity=96, sink=2, threads=1, policy="error")
+    alone = GraphDecoder(gg, opts)
+    want = _run_plan(alone, PLANS[0])
+    alone.close()
+    base = GraphDecoder(gg, opts)
+    slots = base.capabilities().batching.slots(2)  # type: ignore[union-attr]
+
+    def overflow() -> object:
+        with pytest.raises(ContextOverflowError):
+            slots[1].forward(_prompt(120, 9))
+        return "raised"
+
+    got = _in_threads([lambda: _run_plan(slots[0], PLANS[0]), overflow])
+    assert got[0][0] == want[0] and got[1] == "raised"
+    for s in slots:
+        s.close()
+
+
+def test_the_last_slot_closed_frees_the_graph(files: dict[str, Path]) -> None:
+    base = GraphDecoder(open_gguf(files["llama-q4_1"]), _options("ort", False, 64))
+    slots = base.capabilities().batching.slots(2)  # type: ignore[union-attr]
+    engine: BatchEngine = slots[0].engine  # type: ignore[attr-defined]
+    slots[0].forward([1, 5, 6])
+    slots[0].close()
+    slots[1].forward([1, 7])  # the other slot still runs
+    slots[1].close()
+    assert base.runner is None and not engine.alive
