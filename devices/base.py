@@ -22,6 +22,7 @@ __all__ = [
     "PartitionInfo",
     "Partitions",
     "Sinks",
+    "Truncation",
     "rollback_limit",
 ]
 
@@ -84,6 +85,16 @@ class Batching(Protocol):
     def slots(self, n: int) -> list[Decoder]: ...
 
 
+class Truncation(Protocol):
+    """Rollback beyond `max_rollback` where the KV allows it at the moment (a ring that has not wrapped frees
+    the dropped tokens' slots): a conversation re-sent with a history that differs 100 tokens back keeps its KV
+    up to the first differing token instead of prefilling it all again."""
+
+    def rollback_reach(self) -> int:
+        """How many of the last tokens `rollback` can undo right now (>= max_rollback's guarantee)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a decoder can do beyond the core contract. Every decoder states `max_rollback`; the others are
@@ -102,6 +113,7 @@ class Capabilities:
     # repacks the weights then), so the first prompt costs more than later ones unless a warm-up ran them
     first_run_costs: bool = False
     batching: Batching | None = None
+    truncation: Truncation | None = None
 
 
 @runtime_checkable
@@ -147,3 +159,12 @@ def warm_kernels(decoder: Decoder) -> None:
 def rollback_limit(decoder: Decoder) -> int | None:
     """Tokens `decoder.rollback` can always undo; None: no limit."""
     return decoder.capabilities().max_rollback
+
+
+def rollback_reach(decoder: Decoder) -> int | None:
+    """Tokens `decoder.rollback` can undo right now (a declared `Truncation` may reach further than the
+    guarantee); None: no limit."""
+    caps = decoder.capabilities()
+    if caps.truncation is None or caps.max_rollback is None:
+        return caps.max_rollback
+    return max(caps.max_rollback, caps.truncation.rollback_reach())

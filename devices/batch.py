@@ -328,6 +328,7 @@ class SlotDecoder(RingDecoder):
             sinks=self,
             staged=self.staged,
             first_run_costs=self.first_run_costs,
+            truncation=self,
         )
 
     def close(self) -> None:

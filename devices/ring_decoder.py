@@ -210,7 +210,12 @@ class RingDecoder:
             sinks=self,
             staged=self.staged,
             first_run_costs=self.first_run_costs,
+            truncation=self,
         )
+
+    def rollback_reach(self) -> int:
+        """`Truncation`: how far rollback reaches now (any depth while the ring has not wrapped)."""
+        return self.cache.truncate_limit
 
     def kv_fill(self) -> KVFill:
         cache = self.cache
@@ -220,7 +225,7 @@ class RingDecoder:
 
     def rollback(self, n: int) -> None:
         with self._lock:
-            self.cache.rollback(n)
+            self.cache.truncate(n)  # the undo log where it reaches, else (no wrap yet) the freed slots
 
     def reset(self) -> None:
         with self._lock:

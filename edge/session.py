@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edge.devices.base import Decoder, rollback_limit
+from edge.devices.base import Decoder, rollback_limit, rollback_reach
 from edge.generate import window_note
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class KVSession:
         if not self._known or dec.position != len(held):
             keep = 0  # the decoder was used behind our back, or an error left it unknown
         drop = dec.position - keep
-        limit = rollback_limit(dec)
+        limit = rollback_reach(dec)  # a ring that never wrapped rolls back to any depth
         if keep > 0 and drop > 0 and (limit is None or drop <= limit):
             try:
                 dec.rollback(drop)

@@ -189,6 +189,8 @@ class RingKVCache:
         self._gathered: tuple[tuple[tuple[int, int] | None, ...], GatheredKV] | None = None
         self._slot_pos = tuple(np.full(k.capacity, -1, np.int64) for k in self._kinds)
         self._position = 0
+        self._high = 0  # the highest position count reached since the reset: while <= every capacity, no slot
+        # was ever written twice, so any tail can be dropped by freeing its slots (truncate)
         self._undo: deque[_Undo] = deque()
         self._undo_tokens = 0
         self._pending: StepView | None = None
@@ -388,6 +390,7 @@ class RingKVCache:
         for sp, s in zip(self._slot_pos, slots, strict=True):
             sp[s] = pos
         self._position += n
+        self._high = max(self._high, self._position)
         if t:
             self._undo.append(undo)
             self._undo_tokens += t
@@ -424,6 +427,37 @@ class RingKVCache:
         self._position -= k
         self._undo_tokens -= k
 
+    @property
+    def truncate_limit(self) -> int:
+        """How many of the last tokens truncate() can drop now: all of them while the ring never wrapped since
+        the reset (every position still has its own slot), else what the undo log holds."""
+        if all(self._high <= kind.capacity for kind in self._kinds):
+            return self._position
+        return self._undo_tokens
+
+    def truncate(self, k: int) -> None:
+        """Forget the last k committed tokens, further back than the undo log where the ring never wrapped:
+        their slots are freed (zeroed, unmasked nowhere), so the state equals a fresh prefill of the rest."""
+        if k <= self._undo_tokens:
+            self.rollback(k)
+            return
+        if k > self.truncate_limit:
+            raise RollbackError(
+                f"cannot drop {k} tokens: the ring has wrapped, and its undo log holds the last "
+                f"{self._undo_tokens}; reset() and prefill again"
+            )
+        keep = self._position - k
+        for g in self._groups:
+            freed = self._slot_pos[g.kind] >= keep
+            g.k[:, 0][:, freed] = 0
+            g.v[:, 0][:, freed] = 0
+        for sp in self._slot_pos:
+            sp[sp >= keep] = -1
+        self._position = keep
+        self._undo.clear()
+        self._undo_tokens = 0
+        self._pending = None
+
     def reset(self) -> None:
         """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""
         for g in self._groups:
@@ -432,6 +466,7 @@ class RingKVCache:
         for sp in self._slot_pos:
             sp.fill(-1)
         self._position = 0
+        self._high = 0
         self._undo.clear()
         self._undo_tokens = 0
         self._pending = None

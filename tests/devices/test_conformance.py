@@ -132,11 +132,32 @@ def test_declared_rollback_limit_is_exact(case: tuple[Decoder, bool]) -> None:
         assert dec.position == 1
         return
     assert 0 < caps.max_rollback < n  # more was fed than the undo log holds
+    # a declared Truncation may reach further right now (a ring that has not wrapped), never less far
+    reach = caps.max_rollback if caps.truncation is None else caps.truncation.rollback_reach()
+    assert caps.max_rollback <= reach <= n
     with pytest.raises(ValueError):
-        dec.rollback(caps.max_rollback + 1)
+        dec.rollback(reach + 1)
     assert dec.position == n  # a refused rollback changes nothing
     dec.rollback(caps.max_rollback)
     assert dec.position == n - caps.max_rollback
+
+
+def test_truncation_when_declared(case: tuple[Decoder, bool]) -> None:
+    """Rolling back beyond the undo log, as far as `rollback_reach` says, leaves the state a fresh prefill of
+    the rest would find."""
+    dec, _ = case
+    truncation = dec.capabilities().truncation
+    limit = dec.capabilities().max_rollback
+    if truncation is None:
+        return
+    full = dec.forward(IDS)
+    dec.forward(IDS)
+    assert truncation.rollback_reach() == 2 * len(IDS)  # nothing wrapped: back to the start
+    deep = 2 * len(IDS) - 3
+    assert limit is not None and deep > limit
+    dec.rollback(deep)
+    assert dec.position == 3
+    _same(dec.forward(IDS[3:]), full[3:])
 
 
 def test_sinks_when_declared(case: tuple[Decoder, bool]) -> None:

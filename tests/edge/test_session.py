@@ -119,28 +119,53 @@ def test_turns_prefill_only_the_suffix_and_match_a_fresh_decoder(
         assert [e[0] for e in dec.events] == []  # nothing rolled back, nothing reset
         assert second.token_ids == fresh(kind, model_file, tokenizer, turn2).token_ids
 
-        # a prompt that shares only a prefix rolls back (llama.cpp) or resets (beyond the ring's undo log)
+        # a prompt that shares only a prefix rolls back, beyond the ring's undo log too while it has not wrapped
         dec.events.clear()
         third_prompt = [*BASE[:10], 299, 298]
         third = Generation(dec, tokenizer, third_prompt, CFG, session=session)  # type: ignore[arg-type]
         third.run()
-        if kind == "llamacpp":
-            assert dec.events[0][0] == "rollback" and third.stats.n_cached_tokens == 10
-        else:
-            assert dec.events[0] == ("reset", 0) and third.stats.n_cached_tokens == 0
+        assert dec.events[0][0] == "rollback" and third.stats.n_cached_tokens == 10
         assert third.token_ids == fresh(kind, model_file, tokenizer, third_prompt).token_ids
 
         # the same prompt again: all but its last two ids are reused where the 12 answer ids roll back
         again = Generation(dec, tokenizer, third_prompt, CFG, session=session)  # type: ignore[arg-type]
         again.run()
-        assert again.stats.n_cached_tokens == (len(third_prompt) - 2 if kind == "llamacpp" else 0)
+        assert again.stats.n_cached_tokens == len(third_prompt) - 2
         assert again.token_ids == third.token_ids
     finally:
         inner.close()
 
 
-def test_rollback_within_the_ring_undo_log(model_file: Path, tokenizer: Tokenizer, edge_cache: Path) -> None:
+@pytest.mark.parametrize("depth", [100, 5])
+def test_a_history_differing_far_back_keeps_the_kv_up_to_the_difference(
+    model_file: Path, tokenizer: Tokenizer, depth: int
+) -> None:
+    """A conversation re-sent with its history re-tokenized (a generated "K" + "V" sent back as one "KV") or
+    edited `depth` tokens back: the ring, never wrapped, rolls back to the first differing token (far beyond
+    its 8-token undo log) and prefills only the rest; the answer is a fresh decoder's."""
     inner = open_decoder("ort", model_file)
+    dec = Recorder(inner)
+    session = KVSession(dec)  # type: ignore[arg-type]
+    try:
+        long = [1, *[(3 + 7 * i) % 300 + 2 for i in range(160)]]
+        Generation(dec, tokenizer, long, CFG, session=session).run()  # type: ignore[arg-type]
+        dec.events.clear()
+        cut = len(long) - depth
+        prompt = [*long[:cut], 299, *long[cut + 2 :]]  # two ids become one, `depth` ids back
+        dec.fed.clear()
+        g = Generation(dec, tokenizer, prompt, CFG, session=session)  # type: ignore[arg-type]
+        g.run()
+        assert dec.events == [("rollback", dec.events[0][1])] and g.stats.n_cached_tokens == cut
+        assert dec.fed[: len(prompt) - cut] == prompt[cut:]  # only the rest was prefilled
+        assert g.token_ids == fresh("ort", model_file, tokenizer, prompt).token_ids
+    finally:
+        inner.close()
+
+
+def test_rollback_after_a_wrap_stays_within_the_undo_log(model_file: Path, tokenizer: Tokenizer) -> None:
+    """Once the ring has wrapped, slots hold other positions' K/V: rollback reaches only the undo log."""
+    opts = GraphOptions(backend="ort", capacity=24, sink=2, max_rollback=8, threads=1)
+    inner = GraphDecoder(open_gguf(model_file), opts)
     dec = Recorder(inner)
     session = KVSession(dec)  # type: ignore[arg-type]
     try:
@@ -156,7 +181,11 @@ def test_rollback_within_the_ring_undo_log(model_file: Path, tokenizer: Tokenize
         g = Generation(dec, tokenizer, prompt, CFG, session=session)  # type: ignore[arg-type]
         g.run()
         assert dec.events == [("rollback", 4)]
-        assert g.token_ids == fresh("ort", model_file, tokenizer, prompt).token_ids
+        alone = GraphDecoder(open_gguf(model_file), opts)
+        want = Generation(alone, tokenizer, prompt, CFG)
+        want.run()
+        alone.close()
+        assert g.token_ids == want.token_ids
     finally:
         inner.close()
 

@@ -316,6 +316,34 @@ def test_speculative_reject_then_continue_equals_never_drafting() -> None:
     assert_same_state(cache, plain)
 
 
+def test_truncate_beyond_the_undo_log_before_a_wrap_equals_the_shorter_sequence() -> None:
+    """While no slot was written twice, any tail can be dropped: the state is the shorter sequence's, bit for bit;
+    once the ring wraps, truncate reaches only as far as the undo log (rollback)."""
+    layers = [LayerSpec(2, 4, 40), LayerSpec(1, 2, 40)]
+    cache = RingKVCache(layers, sink=2, max_rollback=3)
+    feed(cache, 30, chunk=7, seed=4)
+    assert cache.rollback_limit == 3 and cache.truncate_limit == 30
+    cache.truncate(25)
+    shorter = RingKVCache(layers, sink=2, max_rollback=3)
+    feed(shorter, 30, chunk=7, seed=4)  # the same first 5 tokens (the first chunk of 7 cut to 5 below)
+    shorter.reset()
+    rng = np.random.default_rng(4)
+    ks, vs = new_kv(shorter, 7, rng)
+    step_with(shorter, [k[:, :5] for k in ks], [v[:, :5] for v in vs])
+    assert_same_state(cache, shorter)
+    assert cache.rollback_limit == 0  # the undo log was of the dropped tokens
+    feed(cache, 3, seed=9)
+    feed(shorter, 3, seed=9)
+    assert_same_state(cache, shorter)
+
+    feed(cache, 40, seed=1)  # wraps: slots now hold other positions
+    assert cache.truncate_limit == cache.rollback_limit == 3
+    with pytest.raises(RollbackError):
+        cache.truncate(4)
+    cache.truncate(3)
+    assert cache.position == 45
+
+
 def test_rollback_limits() -> None:
     cache = RingKVCache([G6], sink=2, max_rollback=3)
     feed(cache, 5)
