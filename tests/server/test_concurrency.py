@@ -5,9 +5,14 @@ stays flat."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import openai
@@ -229,29 +234,36 @@ def test_sequential_requests_leave_rss_flat(server: Server) -> None:
 
 
 def test_soak_on_slots_with_random_disconnects_loses_and_mixes_nothing(
-    start_server: Callable[..., Server],
+    tiny_model: Path, tmp_path: Path
 ) -> None:
-    """A short version of benchmarks/serve_load.py --soak: 160 streamed requests from 8 clients on 4 batch slots,
-    a third of them dropped by their client after a random number of chunks. Every finished answer is its
-    prompt's answer alone (nothing lost or mixed between slots); every dropped one freed its slot (the server
-    ends idle with all completed or cancelled); RSS stays flat."""
-    import random
+    """A short version of benchmarks/serve_load.py --soak, on `edge serve --parallel 4` in its own process:
+    480 streamed requests from 8 clients, a third dropped by their client after a random number of chunks.
+    Every finished answer is its prompt's answer alone (nothing lost or mixed between slots); every dropped one
+    freed its slot (the server ends idle, all requests completed or cancelled); the server's RSS stays flat."""
+    err = tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "edge.cli", "serve", str(tiny_model), "--port", "0", "--backend", "ort"]
+    cmd += ["--precision", "exact", "--parallel", "4", "--threads", "1"]
+    with err.open("wb") as sink:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, env=os.environ.copy())
+    try:
+        end = time.monotonic() + 120
+        while "serving " not in (log := err.read_text()):
+            assert proc.poll() is None and time.monotonic() < end, log
+            time.sleep(0.05)
+        url = log.split("serving ", 1)[1].split(" at ", 1)[1].split("/v1", 1)[0]
+        _soak(url, psutil.Process(proc.pid), random.Random(0))
+    finally:
+        proc.kill()
+        proc.wait()
 
-    s = start_server(backend="ort", precision="exact", parallel=4)
-    sched = scheduler(s)
-    url = s.url + "/v1/chat/completions"
+
+def _soak(url: str, server: psutil.Process, rng: random.Random) -> None:
     prompts = [f"w{i} " * (1 + 5 * i) for i in range(8)]
 
-    def body(p: str) -> dict[str, object]:
-        msgs = [{"role": "user", "content": p}]
-        return {"model": "tiny.gguf", "messages": msgs, "max_tokens": 24, "temperature": 0, "stream": True}
-
-    def text(lines: list[str]) -> str:
-        chunks = [json.loads(x.removeprefix("data:")) for x in lines if x.startswith("data:{")]
-        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-
     def ask(p: str, drop_after: int | None) -> str | None:
-        with httpx.stream("POST", url, json=body(p), timeout=60) as r:
+        msgs = [{"role": "user", "content": p}]
+        body = {"model": "tiny.gguf", "messages": msgs, "max_tokens": 24, "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
             assert r.status_code == 200
             lines = []
             for line in r.iter_lines():
@@ -261,18 +273,18 @@ def test_soak_on_slots_with_random_disconnects_loses_and_mixes_nothing(
                 if drop_after is not None and len(lines) > drop_after:
                     return None  # the client leaves mid-stream
         assert lines[-1] == "data: [DONE]"
-        return text(lines)
+        chunks = [json.loads(x.removeprefix("data:")) for x in lines if x.startswith("data:{")]
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
     expected = {p: ask(p, None) for p in prompts}
     wrong: list[tuple[str, str | None]] = []
     counts = {"done": 0, "dropped": 0}
     lock = threading.Lock()
+    plans = [[(rng.choice(prompts), rng.randrange(2, 20) if rng.random() < 1 / 3 else None) for _ in range(10)]
+             for _ in range(6 * 8)]  # fmt: skip
 
-    def client(seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(10):
-            p = rng.choice(prompts)
-            drop = rng.randrange(2, 20) if rng.random() < 1 / 3 else None
+    def client(plan: list[tuple[str, int | None]]) -> None:
+        for p, drop in plan:
             got = ask(p, drop)
             with lock:
                 counts["dropped" if drop is not None else "done"] += 1
@@ -280,20 +292,23 @@ def test_soak_on_slots_with_random_disconnects_loses_and_mixes_nothing(
                     wrong.append((p, got))
 
     def soak(round_: int) -> int:
-        clients = [threading.Thread(target=client, args=(8 * round_ + i,)) for i in range(8)]
+        clients = [threading.Thread(target=client, args=(plans[8 * round_ + i],)) for i in range(8)]
         for t in clients:
             t.start()
         for t in clients:
             t.join(240)
         assert not any(t.is_alive() for t in clients)
-        wait_idle(sched, timeout=30)
-        return psutil.Process().memory_info().rss
+        end = time.monotonic() + 30
+        while (h := httpx.get(url + "/health").json()["models"]["tiny.gguf"])["running"] or h["queued"]:
+            assert time.monotonic() < end, h
+            time.sleep(0.05)
+        return int(server.memory_info().rss)
 
-    warm = soak(0)  # the runtime's arenas grow to the batched shapes once
-    end = soak(1)
+    rss = [soak(r) for r in range(6)]
     assert not wrong, wrong[:2]
-    assert counts["done"] + counts["dropped"] == 160 and counts["dropped"] > 20
-    stats = sched.stats()
-    assert stats["completed"] == 160 + len(prompts) and stats["running"] == stats["queued"] == 0
-    assert stats["batch"]["mean_batch"] > 2
-    assert end < warm * 1.05, f"RSS grew from {warm >> 20} MiB to {end >> 20} MiB"
+    assert counts["done"] + counts["dropped"] == 480 and counts["dropped"] > 60
+    h = httpx.get(url + "/health").json()["models"]["tiny.gguf"]
+    assert h["mode"] == "slots" and h["completed"] == 480 + len(prompts)
+    assert h["batch"]["mean_batch"] > 2
+    # the first round grows the runtime's arenas to the batched shapes; after it, flat
+    assert rss[-1] < rss[1] * 1.05, f"the server's RSS grew: {[r >> 20 for r in rss]} MiB"
