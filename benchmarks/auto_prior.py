@@ -1,8 +1,8 @@
 """The prior of `--backend auto` (devices/auto_prior.json): each backend's recorded speed per catalog model, taken
 from an `edge bench` results file, for the models nothing has been measured on yet on this machine.
 
-    python benchmarks/auto_prior.py                                    # from the default results file
-    python benchmarks/auto_prior.py benchmarks/results/fast-graphs-YYYY-MM-DD.json
+    python -m benchmarks.auto_prior                                    # from the default results file
+    python -m benchmarks.auto_prior benchmarks/results/fast-graphs-YYYY-MM-DD.json
 
 The input is what benchmarks/fast_graphs.py writes ({model: {"bench": edge bench JSON, ...}}); only the
 backends `--backend auto` can choose (llamacpp, ort, openvino) are kept, with the machine they ran on.

@@ -1,8 +1,8 @@
 """TTFT of each turn of a scripted 8-turn chat, with KV reuse across turns and without (every turn prefills the
-whole conversation). Writes results/<date>-chat-ttft-<machine>.json and .md.
+whole conversation). Writes results/chat-ttft-<model>-<date>-<machine>.json and .md.
 
-    python benchmarks/chat_ttft.py                         # smollm2-135m, 3 rounds, 2 threads
-    python benchmarks/chat_ttft.py --model qwen2.5-coder-0.5b --rounds 5 --threads 1
+    python -m benchmarks.chat_ttft                         # smollm2-135m, 3 rounds, 2 threads
+    python -m benchmarks.chat_ttft --model qwen2.5-coder-0.5b --rounds 5 --threads 1
 
 Both modes see the same prompts: answers are greedy, so each turn's conversation is identical; the modes are
 interleaved turn by turn (reuse, then no reuse on a second model), so machine noise hits both alike.
@@ -18,13 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+import edge
+from edge.bench import machine_info
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import psutil  # noqa: E402
-
-import edge  # noqa: E402
-from edge.bench import machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SYSTEM = "You are a concise assistant. Answer in two or three sentences."
@@ -147,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     date = dt.date.today().isoformat()
     cpu = "-".join(report["machine"]["cpu"].lower().split()[:2])
-    stem = f"{date}-chat-ttft-{args.model}-{cpu}-{report['machine']['physical_cores']}c"
+    stem = f"chat-ttft-{args.model}-{date}-{cpu}-{report['machine']['physical_cores']}c"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    command = "python benchmarks/chat_ttft.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.chat_ttft " + " ".join(argv if argv is not None else sys.argv[1:])
     md = markdown(report, date, command.strip())
     (args.out / f"{stem}.md").write_text(md)
     print(md)

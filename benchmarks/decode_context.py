@@ -2,8 +2,8 @@
 graphs' decode falls behind llama.cpp as the context grows (attention and the KV traffic around it) and where
 it does not (the weights).
 
-    python benchmarks/decode_context.py smollm2-135m
-    python benchmarks/decode_context.py qwen2.5-coder-0.5b --contexts 16,256,512,1024 --rounds 3
+    python -m benchmarks.decode_context smollm2-135m
+    python -m benchmarks.decode_context qwen2.5-coder-0.5b --contexts 16,256,512,1024 --rounds 3
 
 Each backend opens the model once (`open_decoder`, `--precision fast`, n_ctx the largest context + steps);
 per round and context it prefills that many tokens and times `--steps` single-token greedy-shaped forwards
@@ -20,19 +20,17 @@ import datetime as dt
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_io import write_results
+
+from benchmarks.results_io import write_results
+from edge.devices.registry import DecoderOptions, open_decoder
+from edge.models.resolve import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from edge.models.resolve import resolve_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -80,7 +78,7 @@ def main() -> None:
     lines = [
         f"# Decode step vs context: {args.model} ({dt.date.today()})",
         "",
-        f"`python benchmarks/decode_context.py {args.model} --contexts {args.contexts} --steps {args.steps} "
+        f"`python -m benchmarks.decode_context {args.model} --contexts {args.contexts} --steps {args.steps} "
         f"--rounds {args.rounds}{f' --tag={args.tag}' if args.tag else ''}` on {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads; "
         f"--precision fast; medians of {args.rounds} interleaved rounds of {args.steps} one-token forwards "
         f"after a prefill of the context; load average {load[0]:.2f} -> {load[1]:.2f}.",

@@ -5,8 +5,8 @@ run: greedy once (deterministic, so one run is its result) and at edge run's def
 edge/cli.py) for each seed. gemma3-270m is excluded: a base model (no chat template) continues text rather
 than answering, so it cannot be `edge run`'s default.
 
-    python benchmarks/default_model.py                          # the three chat models, greedy + seeds 0..2
-    python benchmarks/default_model.py --models smollm2-135m --seeds 0
+    python -m benchmarks.default_model                          # the three chat models, greedy + seeds 0..2
+    python -m benchmarks.default_model --models smollm2-135m --seeds 0
 
 Runs on llama.cpp (no graph build, the fastest load), one model at a time. Writes
 results/default-model-<date>.json after each answer; run again, it resumes the runs that file holds unfinished.
@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import edge
+from edge.models.catalog import CATALOG
+from tests.factual_questions import QUESTIONS, choose_default, is_right, tally
 
-import edge  # noqa: E402
-from edge.models.catalog import CATALOG  # noqa: E402
-from tests.factual_questions import QUESTIONS, choose_default, is_right, tally  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # edge run's default sampling (edge/cli.py); greedy is temperature 0 with the same filters
 SAMPLING = {"temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.05}

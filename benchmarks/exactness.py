@@ -1,7 +1,7 @@
 """Who is closer to the exact math: edge's graph or llama.cpp? Both against a float64 numpy forward.
 
-    python benchmarks/exactness.py                  # smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b
-    python benchmarks/exactness.py --models smollm2-135m --tokens 128
+    python -m benchmarks.exactness                  # smollm2-135m, gemma3-270m, qwen2.5-coder-0.5b
+    python -m benchmarks.exactness --models smollm2-135m --tokens 128
 
 The reference (tests/numpy_reference.py) dequantizes every GGUF weight with gguf-py and runs the decoder in
 float64, teacher-forced over the same token sequence (three chat prompts and llama.cpp's greedy answers).
@@ -14,20 +14,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
+import tests.numpy_reference as reference
+from benchmarks.greedy_agreement import PROMPTS, greedy
+from edge.api import load
+from edge.devices.registry import DecoderOptions, open_decoder
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from greedy_agreement import PROMPTS, greedy  # noqa: E402
-
-import tests.numpy_reference as reference  # noqa: E402
-from edge.api import load  # noqa: E402
-from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -89,7 +85,7 @@ def main() -> None:
         for r in rows
     ]
     stem.with_suffix(".md").write_text(
-        "Engines vs a float64 numpy forward of the same GGUF (`python benchmarks/exactness.py`)\n\n"
+        "Engines vs a float64 numpy forward of the same GGUF (`python -m benchmarks.exactness`)\n\n"
         + "\n".join(lines)
         + "\n"
     )

@@ -1,8 +1,8 @@
 """The fast-graphs figures: edge's own graphs at --precision fast against llama.cpp (and OpenVINO GenAI where it
 loads the file), and the fidelity guard, per catalog model; writes results/fast-graphs-<date>.json and .md.
 
-    python benchmarks/fast_graphs.py                                   # all four models, 3 rounds
-    python benchmarks/fast_graphs.py --models qwen2.5-coder-1.5b --repeat 5
+    python -m benchmarks.fast_graphs                                   # all four models, 3 rounds
+    python -m benchmarks.fast_graphs --models qwen2.5-coder-1.5b --repeat 5
 
 Speed: one `edge bench` process per model (backends interleaved per round; a 512-token prompt, the first after
 load and a warm one; 128 greedy tokens; the cost of a k-token forward in decode steps).
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from results_io import write_results
+from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -70,7 +70,7 @@ def markdown(runs: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         f"# Own graphs at --precision fast vs llama.cpp ({dt.date.today()})",
         "",
-        f"`python benchmarks/fast_graphs.py --repeat {args.repeat}`; prompt {args.prompt_tokens} tokens, "
+        f"`python -m benchmarks.fast_graphs --repeat {args.repeat}`; prompt {args.prompt_tokens} tokens, "
         f"{args.gen_tokens} greedy tokens, medians of {args.repeat} interleaved rounds, 2 threads. "
         "Prefill: the first prompt after load / a warm one. k=8: a forward of 8 tokens in decode steps.",
         "",

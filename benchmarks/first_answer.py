@@ -2,8 +2,8 @@
 serve` run after load (`Model.warm_up`: the backend's first-run kernels, then the chat template's opening
 prefilled). Each run is a fresh process.
 
-    python benchmarks/first_answer.py qwen2.5-coder-1.5b --rounds 3
-    python benchmarks/first_answer.py smollm2-135m --backends ort,openvino --system "Be brief."
+    python -m benchmarks.first_answer qwen2.5-coder-1.5b --rounds 3
+    python -m benchmarks.first_answer smollm2-135m --backends ort,openvino --system "Be brief."
 
 Per round, backend and variant, a new process loads the model (graph and compiled blob already cached: a warm
 disk), runs the warm-up or not, then the first chat turn (one question, 16 greedy tokens). "first answer" is
@@ -20,13 +20,14 @@ import datetime as dt
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fresh_process import interleaved_runs
-from results_io import write_results
+from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -34,8 +35,21 @@ QUESTION = "Write a Python function that checks whether a number is prime."
 KEYS = ("load_s", "warm_s", "ttft_s", "cached")
 
 
+def interleaved_runs(
+    command: Callable[[str], list[str]], variants: Sequence[str], rounds: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Each variant once per round, each run a new process (`command(variant)`, whose last stdout line is one
+    JSON object); interleaved, so the machine's drift spreads over all variants alike."""
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            out = subprocess.run(command(v), capture_output=True, text=True, check=True, cwd=ROOT)
+            runs[v].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(v, runs[v][-1], flush=True)
+    return runs
+
+
 def _child(model: str, backend: str, warm: bool, system: str | None, threads: int) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
     import edge
     from edge.generate import GenerationConfig
 
@@ -76,7 +90,16 @@ def main() -> None:
     variants = [f"{b}:{v}" for b in args.backends.split(",") for v in ("cold", "warm")]
 
     def command(v: str) -> list[str]:
-        cmd = [sys.executable, __file__, args.model, "--child", v, "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.first_answer",
+            args.model,
+            "--child",
+            v,
+            "--threads",
+            str(args.threads),
+        ]
         return cmd + ([] if args.system is None else ["--system", args.system])
 
     runs = interleaved_runs(command, variants, args.rounds)
@@ -101,7 +124,7 @@ def main() -> None:
     lines = [
         f"# First chat answer after load, {args.model} ({day})",
         "",
-        f"`python benchmarks/first_answer.py {args.model} --backends {args.backends} --rounds {args.rounds}`"
+        f"`python -m benchmarks.first_answer {args.model} --backends {args.backends} --rounds {args.rounds}`"
         f": system prompt {system}, one question, {args.threads} threads, medians of {args.rounds} fresh "
         f"processes per variant (interleaved); load average at the end {out['load_avg_1min_end']:.2f}.",
         "",

@@ -7,8 +7,8 @@ first call: valid (it parses and its arguments validate against the function's s
 arguments (each by value: strings trimmed and case-insensitive, numbers by value; an argument the case does not
 list is wrong). Writes results/function-calling-<date>.json and .md.
 
-    python benchmarks/function_calling.py --llama-server /work/build-llama/build/bin/llama-server
-    python benchmarks/function_calling.py --models smollm2-135m --backend ort      # edge only (no peer given)
+    python -m benchmarks.function_calling --llama-server /work/build-llama/build/bin/llama-server
+    python -m benchmarks.function_calling --models smollm2-135m --backend ort      # edge only (no peer given)
 
 One engine runs at a time, each on --threads threads, on 127.0.0.1.
 """
@@ -27,15 +27,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+import jsonschema
+import openai
+
+import edge
+from benchmarks.results_io import write_results
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-import jsonschema  # noqa: E402
-import openai  # noqa: E402
-
-import edge  # noqa: E402
-from benchmarks.results_io import write_results  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "function_calling.json"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -239,7 +238,7 @@ def run_model(model: str, args: argparse.Namespace, data: dict[str, Any]) -> lis
 
 
 def notes(args: argparse.Namespace, argvs: Sequence[Sequence[str]]) -> list[str]:
-    commands = ", then ".join(f"`python benchmarks/function_calling.py {' '.join(a)}`" for a in argvs)
+    commands = ", then ".join(f"`python -m benchmarks.function_calling {' '.join(a)}`" for a in argvs)
     peer = (
         f"`{args.llama_server}` ({peer_version(args.llama_server)})"
         if args.llama_server

@@ -1,7 +1,7 @@
 """Which constrained-decoding engine edge uses for JSON Schema (issue 27), measured on the Qwen vocabulary.
 
-    python benchmarks/grammar_engines.py                      # runs edge bench for the decode step too
-    python benchmarks/grammar_engines.py --decode-json F.json # reuse an `edge bench --json` of the decode step
+    python -m benchmarks.grammar_engines                      # runs edge bench for the decode step too
+    python -m benchmarks.grammar_engines --decode-json F.json # reuse an `edge bench --json` of the decode step
 
 The vocabulary is qwen2.5-coder-0.5b's own (edge's tokenizer, token_bytes of every id, control tokens marked
 special), padded with empty tokens to the logits width, 151,936. For each engine (llguidance, outlines-core)
@@ -41,10 +41,9 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.results_io import write_results
 
-from benchmarks.results_io import write_results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SCHEMAS = ROOT / "tests" / "data" / "schemas.json"
 N_VOCAB = 151_936  # qwen2.5's logits width (the GGUF vocabulary is 151,665 tokens)
@@ -458,7 +457,7 @@ def report(data: dict[str, Any]) -> list[str]:
     lines = [
         f"# Constrained-decoding engines on the Qwen vocabulary ({data['date']})",
         "",
-        f"`python benchmarks/grammar_engines.py` on {m['cpu']}, {m['cpus']} CPUs ({', '.join(m['flags'])}), "
+        f"`python -m benchmarks.grammar_engines` on {m['cpu']}, {m['cpus']} CPUs ({', '.join(m['flags'])}), "
         f"load average {m['loadavg_start'][0]:.1f} at the start (the machine is shared). Versions: "
         + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         + f". Vocabulary: {data['vocab_model']}'s, {N_VOCAB:,} ids ({data['n_special']} control tokens special, EOS {data['eos'][0]}). "

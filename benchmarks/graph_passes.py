@@ -1,8 +1,8 @@
 """Decode and prefill speed of edge's graphs with vs without the graph_opt passes, per backend, in one run,
 against llama.cpp on the same GGUF.
 
-    python benchmarks/graph_passes.py                          # smollm2-135m, 3 rounds, 2 threads
-    python benchmarks/graph_passes.py --model qwen2.5-coder-0.5b --rounds 5 --skip-int4
+    python -m benchmarks.graph_passes                          # smollm2-135m, 3 rounds, 2 threads
+    python -m benchmarks.graph_passes --model qwen2.5-coder-0.5b --rounds 5 --skip-int4
 
 Variants (each an `edge convert` artifact; the unfused ones run the builder's graph with only folding):
     ort unfused / ort fused            --target ort [--no-fuse], weights as imported (Q4_1 blocks + block bias)
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_io import write_results
+
+from benchmarks.results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _variants(skip_int4: bool) -> dict[str, dict[str, Any]]:
@@ -158,12 +158,13 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {name: [] for name in info}
     for rnd in range(args.rounds):
         for name, meta in info.items():
-            cmd = [sys.executable, __file__, "--child", "--model", args.model, "--threads", str(args.threads),
-                   "--prompt", str(args.prompt), "--gen", str(args.gen), "--backend", meta["target"]]  # fmt: skip
+            cmd = [sys.executable, "-m", "benchmarks.graph_passes", "--child", "--model", args.model,
+                   "--threads", str(args.threads), "--prompt", str(args.prompt), "--gen", str(args.gen),
+                   "--backend", meta["target"]]  # fmt: skip
             if "artifact" in meta:
                 cmd += ["--artifact", meta["artifact"]]
             proc = subprocess.run(
-                cmd, capture_output=True, text=True, env={**os.environ, "ORT_LOGGING_LEVEL": "3"}
+                cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "ORT_LOGGING_LEVEL": "3"}
             )
             if proc.returncode:
                 raise SystemExit(f"{name}: {proc.stderr[-2000:]}")
@@ -212,7 +213,7 @@ def main() -> None:
     lines = [
         f"# graph_opt passes: {args.model}, {date}",
         "",
-        f"`python benchmarks/graph_passes.py --model {args.model} --rounds {args.rounds}` on {machine}; "
+        f"`python -m benchmarks.graph_passes --model {args.model} --rounds {args.rounds}` on {machine}; "
         f"prompt {args.prompt} tokens, {args.gen} greedy tokens; medians over {args.rounds} interleaved rounds, "
         f"one process per measurement. Load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         "",

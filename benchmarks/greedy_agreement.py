@@ -1,8 +1,8 @@
 """Greedy generations of edge's own graph (ORT, OpenVINO) against llama.cpp's, token for token.
 
-    python benchmarks/greedy_agreement.py                         # 3 models x 2 backends x 10 prompts x 128
-    python benchmarks/greedy_agreement.py --models smollm2-135m --tokens 32 --prompts 3
-    python benchmarks/greedy_agreement.py --backends ort,openvino,llamacpp-tokenwise
+    python -m benchmarks.greedy_agreement                         # 3 models x 2 backends x 10 prompts x 128
+    python -m benchmarks.greedy_agreement --models smollm2-135m --tokens 32 --prompts 3
+    python -m benchmarks.greedy_agreement --backends ort,openvino,llamacpp-tokenwise
 
 `llamacpp-tokenwise` is llama.cpp against itself with the prompt fed one token at a time: how often its own
 decode path keeps the greedy path of its batched prefill (the floor for any engine compared with it).
@@ -18,18 +18,16 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from edge.api import load
+from edge.devices.base import Decoder
+from edge.devices.registry import DecoderOptions, open_decoder
 
-from edge.api import load  # noqa: E402
-from edge.devices.base import Decoder  # noqa: E402
-from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPTS = (
     "Why is the sky blue?",
@@ -111,7 +109,7 @@ def main() -> None:
         for r in rows
     ]
     stem.with_suffix(".md").write_text(
-        f"Greedy {args.tokens}-token generations vs llama.cpp (`python benchmarks/greedy_agreement.py`)\n\n"
+        f"Greedy {args.tokens}-token generations vs llama.cpp (`python -m benchmarks.greedy_agreement`)\n\n"
         + "\n".join(lines)
         + "\n"
     )

@@ -1,8 +1,8 @@
 """Where edge's ORT graph spends a decode step: ONNX Runtime's own profiler, per op type.
 
-    python benchmarks/ort_profile.py qwen2.5-coder-0.5b
-    python benchmarks/ort_profile.py smollm2-135m --prompt 128 --steps 64
-    python benchmarks/ort_profile.py gemma3-270m --prefill --prompt 512 --steps 3
+    python -m benchmarks.ort_profile qwen2.5-coder-0.5b
+    python -m benchmarks.ort_profile smollm2-135m --prompt 128 --steps 64
+    python -m benchmarks.ort_profile gemma3-270m --prefill --prompt 512 --steps 3
 
 --prefill times whole prompts instead (reset, then the prompt again, `--steps` times; each is one or more
 chunked forwards, reported together per prompt).
@@ -17,19 +17,17 @@ import argparse
 import collections
 import json
 import re
-import sys
 import tempfile
 from pathlib import Path
 
+import onnxruntime as ort
+
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.registry import DecoderOptions, open_decoder
+from edge.models.gguf_file import open_gguf
+from edge.models.resolve import resolve_model
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import onnxruntime as ort  # noqa: E402
-
-from edge.devices.graph_decoder import GraphDecoder, GraphOptions  # noqa: E402
-from edge.devices.registry import DecoderOptions, open_decoder  # noqa: E402
-from edge.models.gguf_file import open_gguf  # noqa: E402
-from edge.models.resolve import resolve_model  # noqa: E402
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """Where a backend's resident memory goes, phase by phase: load, the first prefill, decode.
 
-    python benchmarks/ov_memory.py                          # qwen2.5-coder-1.5b: llama.cpp, openvino fast, exact
-    python benchmarks/ov_memory.py --rounds 3 --python /work/main/.venv/bin/python .venv/bin/python
-    python benchmarks/ov_memory.py --backends openvino --cold     # the first load: no compiled blob cached yet
+    python -m benchmarks.ov_memory                          # qwen2.5-coder-1.5b: llama.cpp, openvino fast, exact
+    python -m benchmarks.ov_memory --rounds 3 --python /work/main/.venv/bin/python .venv/bin/python
+    python -m benchmarks.ov_memory --backends openvino --cold     # the first load: no compiled blob cached yet
 
 `--python`: the interpreters (so the checkouts) whose edge is measured, interleaved per round: before/after a
 change in one run. `--cold`: each run gets a fresh cache folder (EDGE_CACHE_DIR) holding hard links to the
@@ -243,7 +243,16 @@ def main() -> None:
         for n, python in enumerate(args.python):
             for backend in args.backends if n == 0 else [b for b in args.backends if b != "llamacpp"]:
                 for precision in args.precisions if backend != "llamacpp" else ["fast"]:
-                    cmd = [python, __file__, "--child", "--backend", backend, "--precision", precision]
+                    cmd = [
+                        python,
+                        "-m",
+                        "benchmarks.ov_memory",
+                        "--child",
+                        "--backend",
+                        backend,
+                        "--precision",
+                        precision,
+                    ]
                     cmd += ["--model", args.model, "--n-ctx", str(args.n_ctx), "--threads", str(args.threads)]
                     cmd += ["--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens)]
                     print("$ " + " ".join(cmd), file=sys.stderr, flush=True)

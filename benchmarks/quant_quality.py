@@ -12,26 +12,24 @@ rounding) and is scored against the F32 graph by teacher forcing over the eval t
 artifact as reference): mean KL, top-1 agreement, perplexity. Size (MiB): llama.cpp's GGUF file, edge's
 artifact (graph, weights, embedding table).
 
-    python benchmarks/quant_quality.py [--model smollm2-135m] [--tokens 512] [--json FILE]
+    python -m benchmarks.quant_quality [--model smollm2-135m] [--tokens 512] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from edge.evaluate import EvalConfig, evaluate
+from edge.graph_opt import QuantSpec
+from edge.models.convert import ConvertOptions, convert
+from edge.models.resolve import resolve_model
+from tests.rotated_model import llamacpp_quantize, write_rotated_f32
 
-from edge.evaluate import EvalConfig, evaluate  # noqa: E402
-from edge.graph_opt import QuantSpec  # noqa: E402
-from edge.models.convert import ConvertOptions, convert  # noqa: E402
-from edge.models.resolve import resolve_model  # noqa: E402
-from tests.rotated_model import llamacpp_quantize, write_rotated_f32  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # (ftype, embedding and head at Q8_0 as edge's INT4 policy keeps them at INT8); otherwise llama.cpp's defaults
 LLAMACPP = (("Q8_0", False), ("Q4_0", False), ("Q4_1", False), ("Q4_1", True), ("Q4_K_M", False))

@@ -1,7 +1,8 @@
-"""Run `edge bench` over the catalog models; write results/<date>-<machine>.json and .md (and README's table).
+"""Run `edge bench` over the catalog models; write results/run-catalog-<date>-<machine>.json and .md and the table
+of docs/performance.md.
 
-    python benchmarks/run_catalog.py                      # all four models, 3 rounds each
-    python benchmarks/run_catalog.py --models smollm2-135m --repeat 5 --no-readme
+    python -m benchmarks.run_catalog                      # all four models, 3 rounds each
+    python -m benchmarks.run_catalog --models smollm2-135m --repeat 5 --no-docs
 
 Each model runs in its own `edge bench` process, so one model's memory never counts against the next.
 """
@@ -20,7 +21,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+SECTION = "## The catalog on llama.cpp"
 CATALOG_ORDER = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
@@ -49,12 +51,12 @@ def _range(r: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def markdown(runs: list[dict[str, Any]], date: str) -> str:
-    """The table and the machine it was measured on (the body of README's "Benchmarks" section)."""
+    """The table and the machine it was measured on (the body of docs/performance.md's catalog section)."""
     m, s = runs[0]["machine"], runs[0]["settings"]
     v = m["versions"]
     bw = ", ".join(f"{r['roofline']['bandwidth_gb_s']:.1f}" for r in runs)
     lines = [
-        f"Measured {date} with `python benchmarks/run_catalog.py --repeat {s['repeat']}` on: {m['cpu']} "
+        f"Measured {date} with `python -m benchmarks.run_catalog --repeat {s['repeat']}` on: {m['cpu']} "
         f"({m['arch']}, ISA {' '.join(m['isa']) or 'baseline'}), {m['physical_cores']} cores, "
         f"{s['threads']} threads used, {m['memory_total_mb'] / 1024:.0f} GiB RAM, {m['os']}; Python "
         f"{v['python']}, llama-cpp-python {v.get('llamacpp', '?')}. Read bandwidth measured with numpy: "
@@ -84,18 +86,16 @@ def markdown(runs: list[dict[str, Any]], date: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def update_readme(body: str, json_name: str) -> None:
-    """Replace README's "## Benchmarks" section (or add it before "## Security", else at the end)."""
-    text = README.read_text(encoding="utf-8")
-    section = f"## Benchmarks\n\n{body}\nFull figures: `benchmarks/results/{json_name}`.\n\n"
-    match = re.search(r"^## Benchmarks\n.*?(?=^## |\Z)", text, flags=re.M | re.S)
+def update_docs(body: str, json_name: str) -> None:
+    """Replace the body of docs/performance.md's catalog section (or add the section at the end)."""
+    text = PERFORMANCE.read_text(encoding="utf-8")
+    section = f"{SECTION}\n\n{body}\nFull figures: `benchmarks/results/{json_name}`.\n\n"
+    match = re.search(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", text, flags=re.M | re.S)
     if match:
         text = text[: match.start()] + section + text[match.end() :]
-    elif "\n## Security\n" in text:
-        text = text.replace("\n## Security\n", "\n" + section + "## Security\n", 1)
     else:
         text = text.rstrip("\n") + "\n\n" + section
-    README.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
+    PERFORMANCE.write_text(text.rstrip("\n") + "\n", encoding="utf-8")
 
 
 def main() -> int:
@@ -107,21 +107,21 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--no-readme", action="store_true", help="do not replace README's Benchmarks section")
+    p.add_argument("--no-docs", action="store_true", help="do not replace the table in docs/performance.md")
     args = p.parse_args()
 
     runs = [bench(m.strip(), args) for m in args.models.split(",") if m.strip()]
     date = dt.date.today().isoformat()
-    name = f"{date}-{machine_slug(runs[0]['machine'])}"
+    name = f"run-catalog-{date}-{machine_slug(runs[0]['machine'])}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = {"date": date, "command": " ".join(sys.argv), "runs": runs}
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     body = markdown(runs, date)
     (RESULTS / f"{name}.md").write_text(f"# edge bench over the catalog: {name}\n\n{body}", encoding="utf-8")
     print(f"wrote {RESULTS / name}.json and .md", file=sys.stderr)
-    if not args.no_readme:
-        update_readme(body, f"{name}.json")
-        print("README.md: Benchmarks section updated", file=sys.stderr)
+    if not args.no_docs:
+        update_docs(body, f"{name}.json")
+        print(f"{PERFORMANCE.relative_to(ROOT)}: catalog table updated", file=sys.stderr)
     return 0
 
 

@@ -1,10 +1,10 @@
 """Load on `edge serve` (and on llama-cpp-python's own OpenAI server, same model, same machine): one
 streaming client, then C concurrent streaming clients; aggregate completion tok/s, TTFT, none dropped.
 With --rss N: N sequential requests and the server process's RSS before and after.
-Writes results/<date>-serve-load-<model>-<machine>.json and .md.
+Writes results/serve-load-<model>-<date>.json and .md.
 
-    python benchmarks/serve_load.py                               # smollm2-135m; edge --parallel 1 and 2, llama_cpp.server
-    python benchmarks/serve_load.py --servers edge:2 --rss 1000   # also 1,000 sequential requests, RSS growth
+    python -m benchmarks.serve_load                               # smollm2-135m; edge --parallel 1 and 2, llama_cpp.server
+    python -m benchmarks.serve_load --servers edge:2 --rss 1000   # also 1,000 sequential requests, RSS growth
 
 Each server runs as its own process on 127.0.0.1 (a free port), loads the model with the same threads and
 context, answers greedy requests with the same prompts and max_tokens; the servers run one after the other.
@@ -24,13 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import psutil
+
+from edge.bench import machine_info
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-import psutil  # noqa: E402
-
-from edge.bench import machine_info  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROMPTS = [
@@ -232,7 +231,7 @@ def main() -> int:
         "load_average_at_end": os.getloadavg(),  # other work on the machine skews every figure
         "rows": rows,
     }
-    name = args.out or f"{out['date']}-serve-load-{args.model}"
+    name = args.out or f"serve-load-{args.model}-{out['date']}"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = [

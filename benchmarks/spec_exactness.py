@@ -2,8 +2,8 @@
 drafters vs no draft, at both precisions; counts identical answers and where the others first differ. (This
 is why auto drafts greedy generations only where the decoder is batch-invariant or at --precision exact.)
 
-    python benchmarks/spec_exactness.py                       # qwen2.5-coder-0.5b and smollm2-135m on ort
-    python benchmarks/spec_exactness.py --models qwen2.5-coder-1.5b --backend openvino --tokens 96
+    python -m benchmarks.spec_exactness                       # qwen2.5-coder-0.5b and smollm2-135m on ort
+    python -m benchmarks.spec_exactness --models qwen2.5-coder-1.5b --backend openvino --tokens 96
 
 Why answers can differ at all: a verify forward of k + 1 tokens and k + 1 single-token steps compute the same
 sums in a different order in some kernels (the attention's GEMMs), so logits differ in the last bits; at
@@ -18,17 +18,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sample_code import CODE
+from edge.api import load
+from edge.generate import GenerationConfig
+from edge.speculative import SpeculativeDecoding
 
-from benchmarks.sample_code import CODE  # noqa: E402
-from edge.api import load  # noqa: E402
-from edge.generate import GenerationConfig  # noqa: E402
-from edge.speculative import SpeculativeDecoding  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROMPTS = [
@@ -100,7 +98,7 @@ def main() -> None:
     lines = [
         f"# Greedy output with `--draft auto` vs no draft ({day})",
         "",
-        f"`python benchmarks/spec_exactness.py --models {' '.join(args.models)} --backend {args.backend} "
+        f"`python -m benchmarks.spec_exactness --models {' '.join(args.models)} --backend {args.backend} "
         f"--tokens {args.tokens}{' --tag=' + args.tag if args.tag else ''}`; {len(PROMPTS)} prompts (code, edits, chat), greedy, {args.tokens} tokens.",
         "",
         "| model | backend | precision | batch-invariant | identical answers | first differences (token index) |",

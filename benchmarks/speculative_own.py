@@ -2,8 +2,8 @@
 qwen2.5-coder-1.5b on `--backend ort --precision fast`, plain and with prompt lookup, the 0.5b draft (on ort)
 and `--draft auto`, against llama.cpp's plain decode of the same prompts.
 
-    python benchmarks/speculative_own.py              # the recorded run (about 15 minutes on 2 cores, quiet)
-    python benchmarks/speculative_own.py --quick      # one round, one prompt per kind, 48 tokens
+    python -m benchmarks.speculative_own              # the recorded run (about 15 minutes on 2 cores, quiet)
+    python -m benchmarks.speculative_own --quick      # one round, one prompt per kind, 48 tokens
 
 Prompts of three kinds: code writing (the draft model's case), edits of given code (prompt lookup's case),
 and chit-chat (drafts mostly rejected: auto must not cost more than 5% there). Greedy, up to --tokens tokens;
@@ -19,19 +19,17 @@ import datetime as dt
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.sample_code import CODE_LONGER
+from edge.api import load
+from edge.drafters import open_drafters
+from edge.generate import GenerationConfig
+from edge.model import Model
+from edge.speculative import SpecConfig, SpeculativeDecoding
 
-from benchmarks.sample_code import CODE_LONGER  # noqa: E402
-from edge.api import load  # noqa: E402
-from edge.drafters import open_drafters  # noqa: E402
-from edge.generate import GenerationConfig  # noqa: E402
-from edge.model import Model  # noqa: E402
-from edge.speculative import SpecConfig, SpeculativeDecoding  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGET = "qwen2.5-coder-1.5b"
@@ -141,7 +139,7 @@ def main() -> None:
     lines = [
         f"# Speculative decoding on edge's own ORT graph vs llama.cpp, {TARGET} ({day})",
         "",
-        f"`python benchmarks/speculative_own.py{' --quick' if args.quick else ''}"
+        f"`python -m benchmarks.speculative_own{' --quick' if args.quick else ''}"
         f"{'' if set(args.kinds) == set(PROMPTS) else ' --kinds ' + ' '.join(args.kinds)}"
         f"{' --tag=' + args.tag if args.tag else ''} --rounds {rounds}`: greedy, up to {tokens} tokens, "
         f"{rounds} round(s), 2 threads, --precision fast; decode tok/s medians; load average at the end "

@@ -1,6 +1,6 @@
 """Bytes of weights a decode step reads: the own ORT graph (`--precision fast`) against the GGUF file.
 
-    python benchmarks/weight_bytes.py qwen2.5-coder-1.5b smollm2-135m
+    python -m benchmarks.weight_bytes qwen2.5-coder-1.5b smollm2-135m
 
 A one-token decode step reads every linear weight once, so on a CPU that decodes at its memory bandwidth (as
 llama.cpp and edge's own graphs both do here: `benchmarks/results/fast-graphs-*.md` against the probe in
@@ -16,19 +16,17 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime as dt
-import sys
 from pathlib import Path
 
 import onnx
 from gguf import GGMLQuantizationType
 from onnx import helper
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.models.gguf_file import open_gguf
+from edge.models.resolve import resolve_model
 
-from edge.devices.graph_decoder import GraphDecoder, GraphOptions  # noqa: E402
-from edge.models.gguf_file import open_gguf  # noqa: E402
-from edge.models.resolve import resolve_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "benchmarks" / "results"
 ELEMENT_BYTES = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.UINT8: 1, onnx.TensorProto.FLOAT16: 2}
@@ -78,7 +76,7 @@ def main() -> None:
     ap.add_argument("models", nargs="+")
     args = ap.parse_args()
     lines = [f"# Weight bytes a decode step reads ({dt.date.today().isoformat()})", "",
-             f"`python benchmarks/weight_bytes.py {' '.join(args.models)}`", ""]  # fmt: skip
+             f"`python -m benchmarks.weight_bytes {' '.join(args.models)}`", ""]  # fmt: skip
     for model in args.models:
         path = resolve_model(model)
         dec = GraphDecoder(open_gguf(path), GraphOptions(backend="ort", capacity=256, precision="fast"))

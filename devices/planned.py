@@ -214,50 +214,18 @@ def resolve_request(
     that measures fastest for this model: devices/auto.py, and the placement says why); `--device auto`,
     `hetero:...` and an emulated NPU go through the planner."""
     from edge.devices.discovery import discover
-    from edge.devices.placement import place
     from edge.devices.probe import device_profiles
-    from edge.devices.registry import open_decoder
 
     model = as_checked(model)
-    path = model.path
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
     dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision)
-    free = options.available_memory
-    artifact = model.artifact is not None
     asked = None if request.backend in (None, AUTO) else request.backend  # auto: edge chooses
     if mode == "single" and not request.emulate:
-        t = targets[0]
-        backend = asked or t.backend
-        auto = backend is None and not artifact  # --backend auto on a GGUF: the fastest measured
-        choice = _auto_choice(path, options) if auto and t.kind == "cpu" else None
-        if backend is None:
-            if artifact:
-                backend = model.artifact.target
-            else:
-                backend = choice.backend if choice else PREFERRED_BACKENDS[t.kind][0]
-        allow = request.fallback is not None
-        named = asked is not None or t.backend is not None  # errors name only a chosen backend
-        try:
-            placement = place(
-                discover((backend,)), backend=backend, device=t.kind, fallback=allow, backend_named=named
-            )
-        except DeviceError:  # say it again with every backend's devices listed, not only this one's
-            placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
-        if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
-            choice = choice or _auto_choice(path, options)
-            placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
-        _check_fits(placement.backend, model, options.n_ctx, free)
-        single = placement
-        if single.auto is not None:
-            return Opening(single, None, lambda: _open_auto(model, single, dopts))
-        return Opening(
-            single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single)
-        )
+        return _open_single(model, request, options, targets[0], asked, dopts)
 
-    inventory = discover()
-    profiles = device_profiles(inventory, emulate_npu=request.emulate)
+    profiles = device_profiles(discover(), emulate_npu=request.emulate)
     if request.emulate:  # the emulated NPU only, even where a real one exists
         profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
     if asked and mode == "auto":
@@ -265,30 +233,91 @@ def resolve_request(
     if model.artifact is not None:
         if mode != "hetero":
             raise DeviceError(
-                f"{path} is already partitioned; name a device per partition with --device hetero:A,B",
+                f"{model.path} is already partitioned; name a device per partition with --device hetero:A,B",
                 hint="or run it on one device with --device cpu",
             )
-        art = model.artifact
-        if len(targets) != len(art.partitions):
-            raise DeviceError(
-                f"{path.name} has {len(art.partitions)} partitions but --device names {len(targets)} devices",
-                hint="convert with a matching --partitions, or name one device per partition",
-            )
-        where = []
-        for t in targets:
-            dev = next(
-                (p for p in profiles if p.kind == t.kind and p.backend == (t.backend or art.target)), None
-            )
-            if dev is None or BACKENDS[dev.backend].runner is None:
-                raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
-            where.append((dev.backend, dev.kind))
-        popts = PartitionedOptions(
-            capacity=options.n_ctx, threads=options.threads, precision=options.precision
+        return _open_artifact_partitions(model, targets, profiles, options)
+    return _open_plan(model, request, options, mode, targets, profiles, dopts, log)
+
+
+def _open_single(
+    model: CheckedModel,
+    request: DeviceRequest,
+    options: PlannedOptions,
+    t: Target,
+    asked: str | None,
+    dopts: DecoderOptions,
+) -> Opening:
+    """The whole model on one device: the backend asked for, the artifact's own, or (auto, on the CPU) the
+    one measured fastest for this file; an absent device falls back only if the request allows it."""
+    from edge.devices.discovery import discover
+    from edge.devices.placement import place
+    from edge.devices.registry import open_decoder
+
+    path, artifact = model.path, model.artifact is not None
+    backend = asked or t.backend
+    auto = backend is None and not artifact  # --backend auto on a GGUF: the fastest measured
+    choice = _auto_choice(path, options) if auto and t.kind == "cpu" else None
+    if backend is None:
+        if model.artifact is not None:
+            backend = model.artifact.target
+        else:
+            backend = choice.backend if choice else PREFERRED_BACKENDS[t.kind][0]
+    allow = request.fallback is not None
+    named = asked is not None or t.backend is not None  # errors name only a chosen backend
+    try:
+        placement = place(
+            discover((backend,)), backend=backend, device=t.kind, fallback=allow, backend_named=named
         )
-        backends = "+".join(dict.fromkeys(b for b, _ in where))
-        kinds = "+".join(dict.fromkeys(k for _, k in where))
-        parts = Placement(backends, kinds)
-        return Opening(parts, None, lambda: (open_artifact_decoder(path, where, options=popts), parts))
+    except DeviceError:  # say it again with every backend's devices listed, not only this one's
+        placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
+    if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
+        choice = choice or _auto_choice(path, options)
+        placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
+    _check_fits(placement.backend, model, options.n_ctx, options.available_memory)
+    single = placement
+    if single.auto is not None:
+        return Opening(single, None, lambda: _open_auto(model, single, dopts))
+    return Opening(single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single))
+
+
+def _open_artifact_partitions(
+    model: CheckedModel, targets: list[Target], profiles: list[DeviceProfile], options: PlannedOptions
+) -> Opening:
+    """An `edge convert` artifact's partitions, one per device named in --device hetero:A,B."""
+    path, art = model.path, model.artifact
+    assert art is not None
+    if len(targets) != len(art.partitions):
+        raise DeviceError(
+            f"{path.name} has {len(art.partitions)} partitions but --device names {len(targets)} devices",
+            hint="convert with a matching --partitions, or name one device per partition",
+        )
+    where = []
+    for t in targets:
+        dev = next((p for p in profiles if p.kind == t.kind and p.backend == (t.backend or art.target)), None)
+        if dev is None or BACKENDS[dev.backend].runner is None:
+            raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
+        where.append((dev.backend, dev.kind))
+    popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads, precision=options.precision)
+    backends = "+".join(dict.fromkeys(b for b, _ in where))
+    kinds = "+".join(dict.fromkeys(k for _, k in where))
+    parts = Placement(backends, kinds)
+    return Opening(parts, None, lambda: (open_artifact_decoder(path, where, options=popts), parts))
+
+
+def _open_plan(
+    model: CheckedModel,
+    request: DeviceRequest,
+    options: PlannedOptions,
+    mode: str,
+    targets: list[Target],
+    profiles: list[DeviceProfile],
+    dopts: DecoderOptions,
+    log: Callable[[str], None] | None,
+) -> Opening:
+    """A GGUF through the planner (--device auto, hetero:..., an emulated NPU): partitions by layers, sized by
+    the devices' measured speeds and capped by their memory."""
+    from edge.devices.registry import open_decoder
 
     gguf = model.gguf
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
@@ -301,11 +330,11 @@ def resolve_request(
     plan_ = plan(profile, profiles, mode, targets, fallback=request.fallback)
     first = plan_.partitions[0].device
     # one partition or several, they hold the whole model and one KV between them: their backend sizes it
-    _check_fits(first.backend, model, ctx, free)
+    _check_fits(first.backend, model, ctx, options.available_memory)
     where = _placement_of(plan_)
     if len(plan_.partitions) == 1 and not plan_.static:
         return Opening(where, plan_, lambda: (open_decoder(first.backend, model, first.kind, dopts), where))
-    return Opening(where, plan_, lambda: (open_planned_decoder(path, plan_, options, log=log), where))
+    return Opening(where, plan_, lambda: (open_planned_decoder(model.path, plan_, options, log=log), where))
 
 
 def open_requested(

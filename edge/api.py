@@ -43,8 +43,8 @@ def load(
     graphs on the CPU. `backend`: auto (default: the backend that measures fastest for this model on this
     machine; `model.backend_choice` says why) | llamacpp | ort | openvino (`edge devices` lists them). `draft`:
     speculative decoding: "auto" (prompt lookup, plus a compatible draft model already pulled, on the target's
-    own-graph backend; greedy generations are drafted only at precision "exact", where drafting cannot change
-    them), "none", "ngram" or a draft model on `draft_device` (`draft_k`: the most tokens drafted per step).
+    own-graph backend; greedy generations are drafted only where drafting cannot change them: a decoder that
+    proved itself batch-invariant, as ORT's at "fast", or precision "exact"), "none", "ngram" or a draft model on `draft_device` (`draft_k`: the most tokens drafted per step).
     `precision`: "fast" (int8 activations where a graph backend has them, as llama.cpp computes) or "exact"
     (fp32 math on the file's own blocks). The backend sizes the model first: `edge.InsufficientMemoryError`
     when it needs more than is free (`available_memory`: bytes to assume free instead of measuring).

@@ -40,7 +40,7 @@ from edge.errors import EdgeError
 from edge.models.artifact import is_artifact
 from edge.models.checked import CheckedModel, check_model
 from edge.models.tokenizer import Tokenizer
-from edge.roofline import measure_read_bandwidth, weight_bytes_per_token
+from edge.roofline import Bandwidth, WeightBytes, measure_read_bandwidth, weight_bytes_per_token
 
 if TYPE_CHECKING:
     pass
@@ -459,26 +459,40 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
 
     # Other work on the machine skews every figure; the load average says how busy it was.
     machine["load_avg_1m"] = {"start": load_start, "end": round(psutil.getloadavg()[0], 2)}
-    results = []
-    for b, ss in samples.items():
-        warm = [s.load_s for s in ss[1:]] or [ss[0].load_s]
-        results.append(
-            BackendResult(
-                backend=b,
-                device=cfg.device if b in cfg.backends else "plan",
-                load_cold_s=ss[0].load_s,
-                load_s=Stat.of(warm),
-                ttft_ms=Stat.of([s.ttft_ms for s in ss]),
-                prefill_tok_s=Stat.of([s.prefill_tok_s for s in ss]),
-                prefill_warm_tok_s=Stat.of([s.prefill_warm_tok_s for s in ss]),
-                decode_tok_s=Stat.of([s.decode_tok_s for s in ss]),
-                peak_rss_mb=Stat.of([s.peak_rss_mb for s in ss]),
-                rss_growth_mb=Stat.of([s.rss_growth_mb for s in ss]),
-                samples=tuple(ss),
-            )
+    results = [_backend_result(b, ss, cfg) for b, ss in samples.items()]
+    roofline = _roofline(bw, weights)
+    notes = {"rss": RSS_METHOD, "load": LOAD_NOTE}
+    if auto_note:
+        notes["auto"] = auto_note
+    if _record_for_auto(path, cfg, results):
+        notes["auto_record"] = (
+            "these medians now decide --backend auto for this file on this machine (devices/auto.py)"
         )
+    return BenchReport(model, str(path), cfg, machine, tuple(results), roofline, notes, draft)
+
+
+def _backend_result(backend: str, samples: list[Sample], cfg: BenchConfig) -> BackendResult:
+    """One backend's rounds as medians; the first load is the cold one, the later ones the warm figure."""
+    warm = [s.load_s for s in samples[1:]] or [samples[0].load_s]
+    return BackendResult(
+        backend=backend,
+        device=cfg.device if backend in cfg.backends else "plan",
+        load_cold_s=samples[0].load_s,
+        load_s=Stat.of(warm),
+        ttft_ms=Stat.of([s.ttft_ms for s in samples]),
+        prefill_tok_s=Stat.of([s.prefill_tok_s for s in samples]),
+        prefill_warm_tok_s=Stat.of([s.prefill_warm_tok_s for s in samples]),
+        decode_tok_s=Stat.of([s.decode_tok_s for s in samples]),
+        peak_rss_mb=Stat.of([s.peak_rss_mb for s in samples]),
+        rss_growth_mb=Stat.of([s.rss_growth_mb for s in samples]),
+        samples=tuple(samples),
+    )
+
+
+def _roofline(bw: Bandwidth, weights: WeightBytes) -> dict[str, Any]:
+    """The decode bound a memory-bound step allows: measured read bandwidth / weight bytes read per token."""
     bound = bw.gb_s * 1e9 / weights.bytes_per_token
-    roofline = {
+    return {
         "bandwidth_gb_s": round(bw.gb_s, 2),
         "bandwidth_median_gb_s": round(bw.median_gb_s, 2),
         "bandwidth_single_thread_gb_s": round(bw.single_thread_gb_s, 2),
@@ -489,14 +503,6 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         "weights_note": weights.note + "; KV-cache reads not counted",
         "bound_tok_s": round(bound, 1),
     }
-    notes = {"rss": RSS_METHOD, "load": LOAD_NOTE}
-    if auto_note:
-        notes["auto"] = auto_note
-    if _record_for_auto(path, cfg, results):
-        notes["auto_record"] = (
-            "these medians now decide --backend auto for this file on this machine (devices/auto.py)"
-        )
-    return BenchReport(model, str(path), cfg, machine, tuple(results), roofline, notes, draft)
 
 
 def _resolve_auto(cfg: BenchConfig, path: Path) -> tuple[BenchConfig, str | None]:

@@ -65,7 +65,7 @@ def _is_model_arg(value: str) -> bool:
 def _draft_json(
     draft: Any, backend: str, precision: str | None, invariant: bool, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """--json's draft: the statistics, and at temperature 0 what greedy output is promised (README)."""
+    """--json's draft: its statistics, and at temperature 0 what greedy output is promised (docs/performance.md)."""
     from edge.speculative import greedy_guarantee
 
     out: dict[str, Any] = draft.to_dict()

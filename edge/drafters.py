@@ -43,7 +43,7 @@ VOCAB_CHECK_START_ID = 5
 # token must cost far less than a target step (the 0.5b for the 1.5b: 0.44 of the file, 0.39 of the step)
 AUTO_DRAFT_MAX_SIZE = 0.5
 # backends whose batched forward is cheap (a forward of 8 tokens: ~2 decode steps) and whose verify takes
-# the same kernels as their decode; llama.cpp's costs ~5 steps and rounds differently (see the README)
+# the same kernels as their decode; llama.cpp's costs ~5 steps and rounds differently (docs/performance.md)
 AUTO_DRAFT_BACKENDS = ("ort", "openvino")
 
 

@@ -109,12 +109,12 @@ def open_speculative(
 def drafts_greedy(draft: str | None, precision: str | None, target: Decoder) -> bool:
     """Whether greedy generations draft: always for a drafter asked for by name; for auto only where drafting
     cannot change them: a batch-invariant target (ORT's staged graph at --precision fast: a verify's rows equal
-    one-token decoding bit for bit) or --precision exact (fp32: near-ties within ~1e-4 logits; README)."""
+    one-token decoding bit for bit) or --precision exact (fp32: near-ties within ~1e-4 logits; docs/performance.md)."""
     return draft != "auto" or precision == "exact" or target.capabilities().batch_invariant
 
 
 def greedy_guarantee(backend: str, precision: str | None, batch_invariant: bool = False) -> str:
-    """What greedy speculative decoding promises on this backend (README, "Speculative decoding"): the
+    """What greedy speculative decoding promises on this backend (docs/performance.md, "Speculative decoding"): the
     target's own tokens wherever its top two logits are further apart than the difference between its
     batched (verify) and one-token (decode) logits, which depends on how the backend computes; none at all
     on a batch-invariant decoder."""

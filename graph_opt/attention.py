@@ -22,8 +22,8 @@ ComputeVxAttentionScore in core/providers/cpu/llm/attention.cc), each reading th
 with h heads every K/V head goes through that grp times, with kvh heads once. Same dot products, same order:
 bit-identical context whenever a forward has >= 2 query rows (the staged graphs always do: their padding row).
 A one-row forward of an unstaged graph now runs MLAS's many-row kernel (grp rows), which rounds within ulps of
-its one-row kernel (`python benchmarks/attention_heads.py --rows 1`). Timed alone, 30 layers, 2 query rows,
-2 threads, AVX2 EPYC (`python benchmarks/attention_heads.py [--heads 14 --kv-heads 2]`,
+its one-row kernel (`python benchmarks/attention_heads.py --rows 1`, removed at bfd5c8d). Timed alone, 30
+layers, 2 query rows, 2 threads, AVX2 EPYC (`python benchmarks/attention_heads.py [--heads 14 --kv-heads 2]`,
 benchmarks/results/attention-heads-2026-12-02.md):
 smollm2-135m's 9 / 3 heads at 512 / 1,024 past slots 11.3 -> 7.7 / 29.5 -> 18.2 ms, qwen2.5-coder-0.5b's
 14 / 2 heads 10.8 -> 7.6 / 32.4 -> 17.6 ms. The price is in prefill: ORT parallelizes the op over its heads

@@ -5,8 +5,8 @@
 
 The same formula in one pass over the activations instead of nine: on gemma3-270m (ORT, 2 threads, 512-token
 prompt) the decomposed form took ~5% of the prefill (Mul/Add/Tanh over [q, 2048]). On [512, 2048]
-(benchmarks/gelu_forms.py): nine nodes ~1.0 ms, ONNX Gelu(approximate="tanh") 0.38 ms, FastGelu 0.20 ms. Its
-rounding differs from the nodes' (max abs difference 1e-6 there), so it is a fast-precision fusion
+(benchmarks/gelu_forms.py, removed at cab3347): nine nodes ~1.0 ms, ONNX Gelu(approximate="tanh") 0.38 ms,
+FastGelu 0.20 ms. Its rounding differs from the nodes' (max abs difference 1e-6 there), so it is a fast-precision fusion
 (pipeline.FAST_FUSIONS): an exact graph is unchanged.
 """
 

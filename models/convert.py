@@ -266,25 +266,15 @@ def convert(
     """Convert the GGUF `model` (checked: models/checked.py; a path is checked here) into the artifact directory
     `out` (replacing an artifact already there)."""
     checked = as_checked(model)
-    if checked.artifact is not None:
-        raise EdgeError(f"{checked.path} is an edge artifact already", hint="convert the GGUF it came from")
-    model = checked.path
     opts = options or ConvertOptions()
     say = log or (lambda _msg: None)
     out = Path(out)
-    if out.exists() and not is_artifact(out) and (not out.is_dir() or any(out.iterdir())):
-        raise EdgeError(f"{out} exists and is not an edge artifact", hint="choose another -o DIR")
+    cfg = _convertible(checked, out)
     gguf = checked.gguf
-    cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
-    if cfg.rope_factor_tensor(gguf.tensors, True) != cfg.rope_factor_tensor(gguf.tensors, False):
-        # LongRoPE's table depends on the context the artifact will run with, which it does not record
-        raise EdgeError(
-            f"{model.name} carries LongRoPE long and short factor tables: an artifact would fix one of them",
-            hint="run the GGUF itself (--backend ort|openvino picks the table from the context, as llama.cpp)",
-        )
     ranges = _ranges(cfg, opts)
     say(
-        f"source {model.name}: {cfg.arch}, {cfg.n_layer} layers; target {opts.target}; quant {opts.quant.mode}"
+        f"source {checked.path.name}: {cfg.arch}, {cfg.n_layer} layers; target {opts.target}; "
+        f"quant {opts.quant.mode}"
     )
 
     report = QuantReport(opts.quant)
@@ -302,72 +292,13 @@ def convert(
         parts: list[dict[str, Any]] = []
         for index, rng in enumerate(ranges):
             say(f"partition {index}: {rng}")
-            proto = build_decoder(
-                gguf, cfg, BuildOptions(first_layer=rng.first, last_layer=rng.last, head=rng.head)
-            )
-            m = ir.serde.deserialize_model(proto)
-            del proto
-            res = graph_opt.optimize(
-                m,
-                opts.target,
-                quant=opts.quant,
-                fuse=opts.fuse,
-                precision=opts.precision,
-                quant_report=report,
-                **opts.levels(),
-            )
-            records.append(res.records)
-            for rec in res.records:
-                say("  " + rec.line())
-            variants: dict[str, ir.Model] = {}
-            if opts.static:
-                for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
-                    v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
-                    graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
-                    variants[variant] = v
-            else:
-                variants["dynamic"] = m
-            files, weights = _save_graphs(variants, tmp, f"part{index}")
-            if opts.target == "coreml":
-                for name in files.values():
-                    onnx.checker.check_model(str(tmp / name), full_check=True)
-            parts.append({**rng.to_dict(), "graphs": files, "weights": weights})
+            part, part_records = _convert_partition(gguf, cfg, rng, opts, report, tmp / f"part{index}", say)
+            records.append(part_records)
+            parts.append(part)
         embed = _write_embed(gguf, cfg, opts.quant, tmp)
         metadata = _write_metadata(Path(gguf.path), tmp)
-        manifest = {
-            "format": FORMAT,
-            "source": {
-                "name": source_name,
-                "file": Path(gguf.path).name,
-                "path": None if source_name else str(Path(gguf.path).resolve()),
-                "sha256": file_sha256(Path(gguf.path)),
-                "size": Path(gguf.path).stat().st_size,
-            },
-            "arch": {
-                "arch": cfg.arch,
-                "n_layer": cfg.n_layer,
-                "n_embd": cfg.n_embd,
-                "n_head": cfg.n_head,
-                "n_head_kv": cfg.n_head_kv,
-                "head_dim": cfg.head_dim,
-                "n_vocab": cfg.n_vocab,
-                "context_length": cfg.context_length,
-            },
-            "target": opts.target,
-            "fused": opts.fuse,
-            "quant": report.to_dict(),
-            "accuracy_levels": opts.levels(),
-            "passes": _aggregate(records),
-            "partitions": parts,
-            "shapes": {
-                "static": opts.static,
-                "prefill_chunk": opts.prefill_chunk if opts.static else None,
-                "capacity": opts.capacity if opts.static else None,
-            },
-            "embed": embed,
-            "metadata": metadata,
-            "tensor_names": sorted(gguf.tensors),
-        }
+        manifest = _manifest(gguf, cfg, opts, source_name, report, records, parts)
+        manifest |= {"embed": embed, "metadata": metadata}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
@@ -376,3 +307,105 @@ def convert(
         shutil.rmtree(tmp, ignore_errors=True)
     say(f"wrote {out}")
     return ConvertResult(out, manifest, records, report)
+
+
+def _convertible(checked: CheckedModel, out: Path) -> ArchConfig:
+    """The GGUF's architecture, once it is clear an artifact can be made from it into `out`."""
+    if checked.artifact is not None:
+        raise EdgeError(f"{checked.path} is an edge artifact already", hint="convert the GGUF it came from")
+    if out.exists() and not is_artifact(out) and (not out.is_dir() or any(out.iterdir())):
+        raise EdgeError(f"{out} exists and is not an edge artifact", hint="choose another -o DIR")
+    gguf = checked.gguf
+    cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
+    if cfg.rope_factor_tensor(gguf.tensors, True) != cfg.rope_factor_tensor(gguf.tensors, False):
+        # LongRoPE's table depends on the context the artifact will run with, which it does not record
+        raise EdgeError(
+            f"{checked.path.name} carries LongRoPE long and short factor tables: an artifact would fix one of them",
+            hint="run the GGUF itself (--backend ort|openvino picks the table from the context, as llama.cpp)",
+        )
+    return cfg
+
+
+def _convert_partition(
+    gguf: GGUFFile,
+    cfg: ArchConfig,
+    rng: LayerRange,
+    opts: ConvertOptions,
+    report: QuantReport,
+    stem: Path,
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], list[PassRecord]]:
+    """One partition's graphs (dynamic, or static prefill + decode) optimized for the target and saved as
+    `stem`*: its manifest entry and the passes' records."""
+    proto = build_decoder(gguf, cfg, BuildOptions(first_layer=rng.first, last_layer=rng.last, head=rng.head))
+    m = ir.serde.deserialize_model(proto)
+    del proto
+    res = graph_opt.optimize(
+        m,
+        opts.target,
+        quant=opts.quant,
+        fuse=opts.fuse,
+        precision=opts.precision,
+        quant_report=report,
+        **opts.levels(),
+    )
+    for rec in res.records:
+        say("  " + rec.line())
+    variants: dict[str, ir.Model] = {}
+    if opts.static:
+        for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
+            v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
+            graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
+            variants[variant] = v
+    else:
+        variants["dynamic"] = m
+    files, weights = _save_graphs(variants, stem.parent, stem.name)
+    if opts.target == "coreml":
+        for name in files.values():
+            onnx.checker.check_model(str(stem.parent / name), full_check=True)
+    return {**rng.to_dict(), "graphs": files, "weights": weights}, res.records
+
+
+def _manifest(
+    gguf: GGUFFile,
+    cfg: ArchConfig,
+    opts: ConvertOptions,
+    source_name: str | None,
+    report: QuantReport,
+    records: list[list[PassRecord]],
+    parts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The artifact's manifest: where it came from, the architecture, what was done to it, its partitions."""
+    source = Path(gguf.path)
+    return {
+        "format": FORMAT,
+        "source": {
+            "name": source_name,
+            "file": source.name,
+            "path": None if source_name else str(source.resolve()),
+            "sha256": file_sha256(source),
+            "size": source.stat().st_size,
+        },
+        "arch": {
+            "arch": cfg.arch,
+            "n_layer": cfg.n_layer,
+            "n_embd": cfg.n_embd,
+            "n_head": cfg.n_head,
+            "n_head_kv": cfg.n_head_kv,
+            "head_dim": cfg.head_dim,
+            "n_vocab": cfg.n_vocab,
+            "context_length": cfg.context_length,
+        },
+        "target": opts.target,
+        "fused": opts.fuse,
+        "quant": report.to_dict(),
+        "accuracy_levels": opts.levels(),
+        "passes": _aggregate(records),
+        "partitions": parts,
+        "shapes": {
+            "static": opts.static,
+            "prefill_chunk": opts.prefill_chunk if opts.static else None,
+            "capacity": opts.capacity if opts.static else None,
+        },
+        "tensor_names": sorted(gguf.tensors),
+    }

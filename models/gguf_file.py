@@ -21,6 +21,7 @@ import os
 import stat
 import struct
 import threading
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -425,7 +426,25 @@ def _name_the_model(path: Path, hint: str | None) -> str | None:
 
 
 def _parse(r: _Parser) -> GGUFFile:
-    lim, buf, path = r.limits, r.buf, r.path
+    """Header, metadata, tensor index, then the data ranges, each checked against the file and the limits."""
+    version, n_tensors, n_kv = _header(r)
+    metadata, alignment = _metadata(r, n_kv)
+    tensors: dict[str, TensorInfo] = {}
+    for i in range(n_tensors):
+        info = _tensor_info(r, i, alignment, tensors)
+        tensors[info.name] = info
+    data_offset = -(-r.pos // alignment) * alignment
+    _check_data_ranges(r, tensors, data_offset, alignment)
+    absolute = {
+        name: TensorInfo(t.name, t.shape, t.ggml_type, data_offset + t.offset, t.nbytes)
+        for name, t in tensors.items()
+    }
+    return GGUFFile(r.path, version, alignment, metadata, absolute, data_offset)
+
+
+def _header(r: _Parser) -> tuple[int, int, int]:
+    """Magic, version, tensor and metadata counts: (version, n_tensors, n_kv)."""
+    lim, buf = r.limits, r.buf
     magic = buf[0:4]
     if magic != b"GGUF":
         raise r.fail(f"not a GGUF file (starts with {magic!r}, expected b'GGUF')", 0)
@@ -452,9 +471,13 @@ def _parse(r: _Parser) -> GGUFFile:
         )
     if n_kv > lim.max_kv:
         raise r.fail(f"declares {n_kv} metadata pairs, more than the limit of {lim.max_kv}", 16, _HINT_LIMIT)
+    return version, n_tensors, n_kv
 
-    # Metadata, read against the smaller of the file end and the metadata budget.
-    r.end = min(r.size, r.pos + lim.max_metadata_bytes)
+
+def _metadata(r: _Parser, n_kv: int) -> tuple[dict[str, Any], int]:
+    """The metadata pairs, read against the smaller of the file end and the metadata budget, and the
+    alignment (general.alignment, else the default)."""
+    r.end = min(r.size, r.pos + r.limits.max_metadata_bytes)
     metadata: dict[str, Any] = {}
     alignment = _DEFAULT_ALIGNMENT
     for i in range(n_kv):
@@ -472,48 +495,49 @@ def _parse(r: _Parser) -> GGUFFile:
             if alignment == 0 or alignment & (alignment - 1):
                 raise r.fail(f"general.alignment is {alignment}, not a power of two", tat)
     r.end = r.size
+    return metadata, alignment
 
-    # Tensor index.
-    tensors: dict[str, TensorInfo] = {}
-    for i in range(n_tensors):
-        at = r.pos
-        name = r.name(f"name of tensor #{i}")
-        if name in tensors:
-            raise r.fail(f"duplicate tensor name {name!r}", at)
-        what = f"tensor {name!r}"
-        dat = r.pos
-        n_dims = r.u32(f"dimension count of {what}")
-        if not 1 <= n_dims <= _MAX_DIMS:
-            raise r.fail(f"{what} has {n_dims} dimensions (expected 1 to {_MAX_DIMS})", dat)
-        dims = struct.unpack_from(f"<{n_dims}Q", buf, r.take(8 * n_dims, f"dimensions of {what}"))
-        count = 1
-        for d in dims:
-            if d == 0 or d > _INT64_MAX:
-                raise r.fail(f"{what} has an invalid dimension {d} in shape {list(dims)}", dat)
-            count *= d
-            if count > _INT64_MAX:
-                raise r.fail(f"{what} has shape {list(dims)}, whose element count overflows int64", dat)
-        tat = r.pos
-        ggml_type = r.u32(f"type of {what}")
-        if ggml_type not in _QUANT_SIZES:
-            raise r.fail(f"{what} has unknown or unsupported GGML type {ggml_type}", tat)
-        block, type_size = _QUANT_SIZES[ggml_type]
-        tname = GGMLQuantizationType(ggml_type).name
-        if dims[0] % block:
-            raise r.fail(
-                f"{what} has ne[0] = {dims[0]}, not a multiple of the {tname} block size {block}", dat
-            )
-        nbytes = count // block * type_size
-        if nbytes > _INT64_MAX:
-            raise r.fail(f"{what} would take {nbytes} bytes, which overflows int64", dat)
-        oat = r.pos
-        rel = r.u64(f"data offset of {what}")
-        if rel % alignment:
-            raise r.fail(f"{what} has data offset {rel}, not a multiple of the alignment {alignment}", oat)
-        tensors[name] = TensorInfo(name, tuple(int(d) for d in dims), ggml_type, rel, nbytes)
 
-    data_offset = -(-r.pos // alignment) * alignment
-    # Data ranges: sorted by offset, each must end before the next begins and within the file.
+def _tensor_info(r: _Parser, i: int, alignment: int, seen: Container[str]) -> TensorInfo:
+    """Tensor #i of the index: name (not one of `seen`), shape, type and data offset (relative to the data
+    section), checked."""
+    at = r.pos
+    name = r.name(f"name of tensor #{i}")
+    if name in seen:
+        raise r.fail(f"duplicate tensor name {name!r}", at)
+    what = f"tensor {name!r}"
+    dat = r.pos
+    n_dims = r.u32(f"dimension count of {what}")
+    if not 1 <= n_dims <= _MAX_DIMS:
+        raise r.fail(f"{what} has {n_dims} dimensions (expected 1 to {_MAX_DIMS})", dat)
+    dims = struct.unpack_from(f"<{n_dims}Q", r.buf, r.take(8 * n_dims, f"dimensions of {what}"))
+    count = 1
+    for d in dims:
+        if d == 0 or d > _INT64_MAX:
+            raise r.fail(f"{what} has an invalid dimension {d} in shape {list(dims)}", dat)
+        count *= d
+        if count > _INT64_MAX:
+            raise r.fail(f"{what} has shape {list(dims)}, whose element count overflows int64", dat)
+    tat = r.pos
+    ggml_type = r.u32(f"type of {what}")
+    if ggml_type not in _QUANT_SIZES:
+        raise r.fail(f"{what} has unknown or unsupported GGML type {ggml_type}", tat)
+    block, type_size = _QUANT_SIZES[ggml_type]
+    tname = GGMLQuantizationType(ggml_type).name
+    if dims[0] % block:
+        raise r.fail(f"{what} has ne[0] = {dims[0]}, not a multiple of the {tname} block size {block}", dat)
+    nbytes = count // block * type_size
+    if nbytes > _INT64_MAX:
+        raise r.fail(f"{what} would take {nbytes} bytes, which overflows int64", dat)
+    oat = r.pos
+    rel = r.u64(f"data offset of {what}")
+    if rel % alignment:
+        raise r.fail(f"{what} has data offset {rel}, not a multiple of the alignment {alignment}", oat)
+    return TensorInfo(name, tuple(int(d) for d in dims), ggml_type, rel, nbytes)
+
+
+def _check_data_ranges(r: _Parser, tensors: dict[str, TensorInfo], data_offset: int, alignment: int) -> None:
+    """Data ranges, sorted by offset: each ends before the next begins, the last within the file."""
     by_offset = sorted(tensors.values(), key=lambda t: t.offset)
     for prev, cur in itertools.pairwise(by_offset):
         if prev.offset + prev.nbytes > cur.offset:
@@ -522,22 +546,18 @@ def _parse(r: _Parser) -> GGUFFile:
                 f"tensor {cur.name!r} (relative offset {cur.offset})",
                 data_offset + cur.offset,
             )
-    if by_offset:
-        last = by_offset[-1]
-        need = data_offset + last.offset + last.nbytes
-        if need > r.size:
-            # Writers lay tensors out back to back (llama.cpp requires it); data ending within that dense
-            # layout but past the file's end is a cut-short file, anything further out is corruption.
-            dense = sum(-(-t.nbytes // alignment) * alignment for t in by_offset)
-            if last.offset + last.nbytes > dense:
-                raise r.fail(
-                    f"data of tensor {last.name!r} ends at byte {need}, beyond the end of the "
-                    f"{r.size}-byte file and beyond the {dense} bytes its tensors need",
-                    data_offset + last.offset,
-                )
-            raise _truncated(path, need, r.size, f"the data of tensor {last.name!r}")
-    absolute = {
-        name: TensorInfo(t.name, t.shape, t.ggml_type, data_offset + t.offset, t.nbytes)
-        for name, t in tensors.items()
-    }
-    return GGUFFile(path, version, alignment, metadata, absolute, data_offset)
+    if not by_offset:
+        return
+    last = by_offset[-1]
+    need = data_offset + last.offset + last.nbytes
+    if need > r.size:
+        # Writers lay tensors out back to back (llama.cpp requires it); data ending within that dense
+        # layout but past the file's end is a cut-short file, anything further out is corruption.
+        dense = sum(-(-t.nbytes // alignment) * alignment for t in by_offset)
+        if last.offset + last.nbytes > dense:
+            raise r.fail(
+                f"data of tensor {last.name!r} ends at byte {need}, beyond the end of the "
+                f"{r.size}-byte file and beyond the {dense} bytes its tensors need",
+                data_offset + last.offset,
+            )
+        raise _truncated(r.path, need, r.size, f"the data of tensor {last.name!r}")

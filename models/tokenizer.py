@@ -416,6 +416,36 @@ class StreamDecoder:
         return self._utf8.decode(clean_spaces(ready) if self._tok.clean_spaces else ready, final=True)
 
 
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    """A GGUF vocabulary as llama.cpp reads it (llama_vocab::impl::load), checked: what a Tokenizer is made of.
+    `attrs` are the llama_token_attr of every token after llama.cpp's text-based overrides."""
+
+    model: str  # "gpt2" (BPE) or "llama" (SentencePiece)
+    tokens: list[str]  # empty entries renamed [EMPTY_i], as llama.cpp does: every text maps to one id
+    attrs: np.ndarray
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    eog_ids: frozenset[int]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    clean_spaces: bool
+    pre: str | None  # tokenizer.ggml.pre of a BPE vocabulary
+
+    def __post_init__(self) -> None:
+        if self.add_bos and self.bos_id is None:
+            raise TokenizerError(
+                "the model asks for a BOS token but has no BOS id", hint="the model file is broken"
+            )
+        if self.add_eos and self.eos_id is None:
+            raise TokenizerError(
+                "the model asks for an EOS token but has no EOS id", hint="the model file is broken"
+            )
+
+
 class Tokenizer:
     """Encode/decode exactly as llama.cpp does for the same GGUF metadata. Build with load_tokenizer()."""
 
@@ -445,8 +475,43 @@ class Tokenizer:
     _neg_scores: list[float]  # SPM: -score per token (heapq is a min-heap)
     _hf: Any  # BPE: the tokenizers.Tokenizer for raw-text fragments
 
-    def __init__(self) -> None:
-        raise TypeError("use models.tokenizer.load_tokenizer(metadata)")
+    def __init__(self, vocab: Vocabulary, *, neg_scores: list[float] | None = None, bpe: Any = None) -> None:
+        """A tokenizer over `vocab` (load_tokenizer reads one from GGUF metadata). SentencePiece vocabularies
+        take `neg_scores` (-score per token), BPE ones `bpe` (a tokenizers.Tokenizer for raw-text fragments)."""
+        spm = vocab.model == "llama"
+        if (neg_scores is None) == spm or (bpe is None) != spm:
+            raise TypeError("a SentencePiece vocabulary takes neg_scores, a BPE one bpe")
+        self.model, self.pre = vocab.model, vocab.pre
+        self.vocab_size = len(vocab.tokens)
+        self.bos_id, self.eos_id, self.unk_id, self.pad_id = (
+            vocab.bos_id,
+            vocab.eos_id,
+            vocab.unk_id,
+            vocab.pad_id,
+        )
+        self.eog_ids = vocab.eog_ids
+        self.add_bos, self.add_eos = vocab.add_bos, vocab.add_eos
+        self.add_space_prefix, self.clean_spaces = vocab.add_space_prefix, vocab.clean_spaces
+        self._spm = spm
+        self._tokens = vocab.tokens
+        self._token_to_id = {t: i for i, t in enumerate(vocab.tokens)}
+        self._attrs = vocab.attrs
+        self._pieces = {}
+        self._bos = vocab.bos_id if vocab.bos_id is not None else -1
+        self._eos = vocab.eos_id if vocab.eos_id is not None else -1
+        # Special-token cache: longest text (in bytes) first; equal lengths keep id order.
+        special_ids = np.nonzero(vocab.attrs & _SPECIAL_ATTRS)[0].tolist()
+        special_ids.sort(key=lambda i: -len(vocab.tokens[i].encode("utf-8", "surrogateescape")))
+        self._special = [(i, vocab.tokens[i], int(vocab.attrs[i])) for i in special_ids]
+        by_first: dict[str, list[tuple[int, str]]] = {}
+        for rank, (_, text, _) in enumerate(self._special):
+            by_first.setdefault(text[0], []).append((rank, text))
+        self._special_by_first = by_first
+        self._special_first_chars = frozenset(by_first)
+        if spm:
+            self._neg_scores = neg_scores  # type: ignore[assignment]
+        else:
+            self._hf = bpe
 
     # ---- encoding ------------------------------------------------------------------------------------
 
@@ -671,19 +736,31 @@ _STRTOL16 = re.compile(r"[ \t\n\v\f\r]*([+-]?)([0-9A-Fa-f]*)")
 
 def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     """Build the tokenizer described by GGUF `metadata` (GGUFFile.metadata)."""
-    tok = Tokenizer.__new__(Tokenizer)
     model = _get_str(metadata, "tokenizer.ggml.model")
     if model not in ("gpt2", "llama"):
         raise TokenizerError(
             f"tokenizer model {model!r} is not supported",
             hint="edge reads BPE ('gpt2') and SentencePiece ('llama') vocabularies",
         )
-    tok.model = model
-    tok._spm = model == "llama"
+    tokens = _tokens(metadata)
+    n = len(tokens)
+    attrs = _token_attrs(metadata, n)
+    scores = _get_array(metadata, "tokenizer.ggml.scores", n, integer=False)
+    flags, ids, pre = _flags_and_ids(metadata, model, n)
+    to_id = {t: i for i, t in enumerate(tokens)}
+    eog = _special_roles(metadata, tokens, to_id, attrs, ids, flags["pre"])
+    vocab = Vocabulary(model, tokens, attrs, ids["bos"], ids["eos"], ids["unk"], ids["pad"], eog, **flags)
+    if model == "llama":  # llama.cpp scores every token 0 without the array
+        neg_scores = [0.0] * n if scores is None else (-scores[:n].astype(np.float32)).tolist()
+        return Tokenizer(vocab, neg_scores=neg_scores)
+    return Tokenizer(vocab, bpe=_build_bpe(metadata, to_id, pre))  # type: ignore[arg-type]
+
+
+def _tokens(metadata: Mapping[str, Any]) -> list[str]:
+    """tokenizer.ggml.tokens, checked as text, empty entries renamed as llama.cpp does, no text twice."""
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         raise TokenizerError("tokenizer.ggml.tokens is missing or is not a list of strings")
-    n = len(tokens)
     try:  # the GGUF reader keeps invalid UTF-8 as surrogate escapes; any other lone surrogate is not text
         "".join(tokens).encode("utf-8", "surrogateescape")
     except UnicodeEncodeError as exc:
@@ -693,33 +770,33 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
         ) from None
     # llama.cpp renames empty entries so that every text maps to one id
     tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    to_id = {t: i for i, t in enumerate(tokens)}
-    if len(to_id) != n:
+    if len(set(tokens)) != len(tokens):
         raise TokenizerError(
             "tokenizer.ggml.tokens holds the same text twice", hint="the model file is corrupt"
         )
-    tok.vocab_size = n
-    tok._tokens = tokens
-    tok._token_to_id = to_id
-    tok._pieces = {}
+    return tokens
 
+
+def _token_attrs(metadata: Mapping[str, Any], n: int) -> np.ndarray:
+    """llama_token_attr per token from tokenizer.ggml.token_type (NORMAL for all without it)."""
     types = _get_array(metadata, "tokenizer.ggml.token_type", n, integer=True)
     if types is None:
-        attrs = np.full(n, ATTR_NORMAL, dtype=np.int32)
-    else:
-        t = types[:n].astype(np.int64)
-        attrs = np.where((t >= 0) & (t < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t, 0, 6)], 0).astype(
-            np.int32
-        )
-    scores = _get_array(metadata, "tokenizer.ggml.scores", n, integer=False)
+        return np.full(n, ATTR_NORMAL, dtype=np.int32)
+    t = types[:n].astype(np.int64)
+    return np.where((t >= 0) & (t < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t, 0, 6)], 0).astype(np.int32)
 
-    # Flags and default special ids per vocabulary type (llama_vocab::impl::load).
+
+def _flags_and_ids(
+    metadata: Mapping[str, Any], model: str, n: int
+) -> tuple[dict[str, Any], dict[str, int | None], _Pre | None]:
+    """Flags and special ids per vocabulary type (llama_vocab::impl::load), then the file's own keys over
+    them: (Vocabulary's flag fields, role -> id, the BPE pre-tokenizer)."""
     ids: dict[str, int | None] = dict.fromkeys(role for role, _ in _SPECIAL_ID_KEYS)
-    if tok._spm:
+    if model == "llama":
         pre_name = None
         pre = None
         ids.update(bos=1, eos=2, unk=0)
-        tok.add_space_prefix, tok.clean_spaces, tok.add_bos = True, False, True
+        add_space_prefix, clean, add_bos = True, False, True
     else:
         pre_name = metadata.get("tokenizer.ggml.pre", "default")
         if not isinstance(pre_name, str):
@@ -731,24 +808,40 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
                 hint="supported: " + ", ".join(sorted(SUPPORTED_PRE_TOKENIZERS)),
             )
         ids.update(bos=None if pre.no_bos else 11, eos=11)
-        tok.add_space_prefix, tok.clean_spaces, tok.add_bos = False, pre.clean_spaces, pre.add_bos
-    tok.pre = pre_name
-    tok.add_eos = False
-    tok.add_space_prefix = _get_bool(metadata, "tokenizer.ggml.add_space_prefix", tok.add_space_prefix)
+        add_space_prefix, clean, add_bos = False, pre.clean_spaces, pre.add_bos
+    add_space_prefix = _get_bool(metadata, "tokenizer.ggml.add_space_prefix", add_space_prefix)
     for role, value in ids.items():
         if value is not None and value >= n:
             ids[role] = None  # a default outside the vocabulary is disabled
     for role, key in _SPECIAL_ID_KEYS:
         if key in metadata:
             ids[role] = _get_id(metadata, key, n)
-    tok.add_bos = _get_bool(metadata, "tokenizer.ggml.add_bos_token", tok.add_bos)
-    tok.add_eos = _get_bool(metadata, "tokenizer.ggml.add_eos_token", tok.add_eos)
+    flags = {
+        "add_bos": _get_bool(metadata, "tokenizer.ggml.add_bos_token", add_bos),
+        "add_eos": _get_bool(metadata, "tokenizer.ggml.add_eos_token", False),
+        "add_space_prefix": add_space_prefix,
+        "clean_spaces": clean,
+        "pre": pre_name,
+    }
+    return flags, ids, pre
 
-    # Auto-detected roles and the end-of-generation set, by token text as llama.cpp does. Where a
-    # vocabulary has several candidates of one role llama.cpp takes the first of an unordered_map walk
-    # (no defined order); this takes the first of its candidate list. For EOT and EOM the pick cannot
-    # change the result (every candidate text is an end-of-generation text anyway), which is why no
-    # `eot_id` is exposed; for FIM pad/repo/sep it could, for a vocabulary with two candidates of one role.
+
+def _special_roles(
+    metadata: Mapping[str, Any],
+    tokens: list[str],
+    to_id: dict[str, int],
+    attrs: np.ndarray,
+    ids: dict[str, int | None],
+    pre_name: str | None,
+) -> frozenset[int]:
+    """Auto-detected roles (into `ids`) and the end-of-generation set, by token text as llama.cpp does, with
+    the attribute overrides that go with them (into `attrs`).
+
+    Where a vocabulary has several candidates of one role llama.cpp takes the first of an unordered_map walk
+    (no defined order); this takes the first of its candidate list. For EOT and EOM the pick cannot change
+    the result (every candidate text is an end-of-generation text anyway), which is why no `eot_id` is
+    exposed; for FIM pad/repo/sep it could, for a vocabulary with two candidates of one role."""
+
     def first_present(texts: Iterable[str]) -> int | None:
         return next((to_id[x] for x in texts if x in to_id), None)
 
@@ -774,7 +867,14 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
     if "</s>" in eog_texts and eog_texts & {"<|tool_response>", "<|plamo:eos|>"}:
         eog.discard(to_id["</s>"])
         attrs[to_id["</s>"]] = ATTR_NORMAL
-    # Per-model strip attributes that llama.cpp sets by name (they are not in the GGUF).
+    _strip_attrs(metadata, to_id, attrs, pre_name)
+    return frozenset(eog)
+
+
+def _strip_attrs(
+    metadata: Mapping[str, Any], to_id: dict[str, int], attrs: np.ndarray, pre_name: str | None
+) -> None:
+    """Per-model strip attributes that llama.cpp sets by name (they are not in the GGUF)."""
     name = str(metadata.get("general.name", "")).lower()
     if "phi-3" in name or "phi3" in name:
         attrs[(attrs & _SPECIAL_ATTRS) != 0] |= ATTR_RSTRIP
@@ -787,40 +887,6 @@ def load_tokenizer(metadata: Mapping[str, Any]) -> Tokenizer:
         attrs[to_id["<mask>"]] |= ATTR_LSTRIP
     elif "modern-bert" in name and "[MASK]" in to_id:
         attrs[to_id["[MASK]"]] |= ATTR_LSTRIP
-
-    tok._attrs = attrs
-    tok.bos_id, tok.eos_id = ids["bos"], ids["eos"]
-    tok.unk_id, tok.pad_id = ids["unk"], ids["pad"]
-    tok.eog_ids = frozenset(eog)
-    if tok.add_bos and tok.bos_id is None:
-        raise TokenizerError(
-            "the model asks for a BOS token but has no BOS id", hint="the model file is broken"
-        )
-    if tok.add_eos and tok.eos_id is None:
-        raise TokenizerError(
-            "the model asks for an EOS token but has no EOS id", hint="the model file is broken"
-        )
-    tok._bos = tok.bos_id if tok.bos_id is not None else -1
-    tok._eos = tok.eos_id if tok.eos_id is not None else -1
-
-    # Special-token cache: longest text (in bytes) first; equal lengths keep id order.
-    special_ids = np.nonzero(attrs & _SPECIAL_ATTRS)[0].tolist()
-    special_ids.sort(key=lambda i: -len(tokens[i].encode("utf-8", "surrogateescape")))
-    tok._special = [(i, tokens[i], int(attrs[i])) for i in special_ids]
-    by_first: dict[str, list[tuple[int, str]]] = {}
-    for rank, (_, text, _) in enumerate(tok._special):
-        by_first.setdefault(text[0], []).append((rank, text))
-    tok._special_by_first = by_first
-    tok._special_first_chars = frozenset(by_first)
-
-    if tok._spm:
-        if scores is None:
-            tok._neg_scores = [0.0] * n  # llama.cpp scores every token 0 without the array
-        else:
-            tok._neg_scores = (-scores[:n].astype(np.float32)).tolist()
-    else:
-        tok._hf = _build_bpe(metadata, to_id, pre)  # type: ignore[arg-type]
-    return tok
 
 
 _UNK_SENTINEL = "\x00edge-unknown\x00"  # \x00 is no GPT-2 byte character: no pre-token can equal it

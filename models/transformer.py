@@ -130,6 +130,11 @@ def _share(offset: int, n: int, perm: np.ndarray | None) -> np.ndarray:
     return offset + (np.arange(n) if perm is None else perm)
 
 
+def _blk(i: int, role: str) -> str:
+    """The GGUF name of layer i's tensor for `role` (LAYER_TENSORS)."""
+    return f"blk.{i}.{LAYER_TENSORS[role]}"
+
+
 class _Builder:
     def __init__(self, gguf: GGUFFile, cfg: ArchConfig, opts: BuildOptions) -> None:
         self.gguf, self.cfg, self.opts = gguf, cfg, opts
@@ -286,26 +291,33 @@ class _Builder:
     def layer(
         self, i: int, x: str, positions: str, ropes: dict[float, dict[str, str]], kinds: list[int]
     ) -> str:
+        """One decoder layer: x + attention, then + MLP (llama.cpp's build_attn / build_ffn)."""
+        base = self.cfg.rope_base_for(i)
+        if base not in ropes:
+            ropes[base] = self.rope_tables(positions, base)
+        x = self.g.op("Add", [x, self.attention(i, x, ropes[base], kinds[i])])
+        return self.g.op("Add", [x, self.mlp(i, x)])
+
+    def qkv(self, i: int, x: str, rt: dict[str, str]) -> tuple[str, str, str]:
+        """The layer's normed queries (RoPE'd, [1, kvh, grp, q, hd]; staged: one padding row more) and the new
+        tokens' keys and values ([1, q, kvh, hd], graph outputs new_key_i / new_value_i; staged: scattered into
+        the window, [1, w, kvh, hd])."""
         cfg, g, t = self.cfg, self.g, self.cfg.traits
         h, hd, kvh = cfg.n_head, cfg.head_dim, cfg.n_head_kv
         grp = h // kvh
-        base = cfg.rope_base_for(i)
-        if base not in ropes:
-            ropes[base] = self.rope_tables(positions, base)
-        rt = ropes[base]
-
-        def n(role: str) -> str:
-            return f"blk.{i}.{LAYER_TENSORS[role]}"
-
-        xn = self.rms_norm(x, n("attn_norm"))
+        xn = self.rms_norm(x, _blk(i, "attn_norm"))
         perm_q = _neox_perm(h, hd) if t.rope_style == "norm" else None
         perm_k = _neox_perm(kvh, hd) if t.rope_style == "norm" else None
-        if t.fused_qkv and n("qkv") in self.gguf.tensors:  # [q; k; v] rows of one tensor
+        if t.fused_qkv and _blk(i, "qkv") in self.gguf.tensors:  # [q; k; v] rows of one tensor
             qn, kn = h * hd, kvh * hd
             shares = [(0, qn, perm_q), (qn, kn, perm_k), (qn + kn, kn, None)]
-            projs = [_Proj(n("qkv"), _share(*s), n(r)) for s, r in zip(shares, "qkv", strict=True)]
+            projs = [
+                _Proj(_blk(i, "qkv"), _share(*s), _blk(i, r)) for s, r in zip(shares, "qkv", strict=True)
+            ]
         else:
-            projs = [_Proj(n(r), pm, n(r)) for r, pm in zip("qkv", (perm_q, perm_k, None), strict=True)]
+            projs = [
+                _Proj(_blk(i, r), pm, _blk(i, r)) for r, pm in zip("qkv", (perm_q, perm_k, None), strict=True)
+            ]
         q, k, v = self.linears(xn, projs)
         # NOTE: RoPE runs with the sequence on axis 1 for Q and K alike ([1, q, heads.., hd], as the projection
         # leaves them), the form fused rotary kernels take; Q is transposed for attention afterwards.
@@ -315,8 +327,8 @@ class _Builder:
         )  # [1, q, kvh, hd]: slot-major, as cached
         v = g.op("Reshape", [v, g.const([1, -1, kvh, hd], np.int64)], out=f"new_value_{i}")
         if t.qk_norm:
-            q = self.rms_norm(q, n("q_norm"))
-            k = self.rms_norm(k, n("k_norm"))
+            q = self.rms_norm(q, _blk(i, "q_norm"))
+            k = self.rms_norm(k, _blk(i, "k_norm"))
         qs = g.op(
             "Transpose", [self.rope(q, rt["cos_q"], rt["sin_q"])], perm=[0, 2, 3, 1, 4]
         )  # [1, kvh, grp, q, hd], scaled
@@ -325,18 +337,22 @@ class _Builder:
             k = g.op("ScatterND", [f"stage_key_{i}", "stage_index", k])  # [1, w, kvh, hd]
             v = g.op("ScatterND", [f"stage_value_{i}", "stage_index", v])
             qs = g.op("Concat", [qs, g.const(np.zeros((1, kvh, grp, 1, hd), np.float32))], axis=3)
+        return qs, k, v
+
+    def attention(self, i: int, x: str, rt: dict[str, str], kind: int) -> str:
+        """Layer i's attention over the bound past slots and the new tokens, through its output projection."""
+        cfg, g = self.cfg, self.g
+        qs, k, v = self.qkv(i, x, rt)
         # NOTE: attention is split into (past slots) and (new tokens) so the past is never concatenated
         # (copied) with the new K/V; the past is whatever prefix of the ring the caller binds.
         s_past = g.op("MatMul", [qs, self.keys_t(f"past_key_{i}")])  # [1, kvh, grp, q, L]
         s_new = g.op("MatMul", [qs, self.keys_t(k)])  # [1, kvh, grp, q, q] (staged: [.., q+1, w])
         scores = g.op("Concat", [s_past, s_new], axis=-1)
-        scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kinds[i]}", g.const([2], np.int64)])])
+        scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kind}", g.const([2], np.int64)])])
         probs = g.op("Softmax", [scores], axis=-1)
         p_past, p_new = g.name("p_past"), g.name("p_new")
         g.nodes.append(
-            g.h.make_node(
-                "Split", [probs, f"split_{kinds[i]}"], [p_past, p_new], axis=-1, name=g.name("Split")
-            )
+            g.h.make_node("Split", [probs, f"split_{kind}"], [p_past, p_new], axis=-1, name=g.name("Split"))
         )
         ctx = g.op(
             "Add",
@@ -350,28 +366,32 @@ class _Builder:
             ctx = g.op(
                 "Slice", [ctx, g.const([0], np.int64), g.const([-1], np.int64), g.const([3], np.int64), one]
             )
+        hd_all = cfg.n_head * cfg.head_dim
         ctx = g.op(
-            "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, h * hd], np.int64)]
+            "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, hd_all], np.int64)]
         )
-        attn = self.linear(ctx, n("attn_output"))
-        if t.post_norms:
-            attn = self.rms_norm(attn, n("post_attention_norm"))
-        x = g.op("Add", [x, attn])
+        attn = self.linear(ctx, _blk(i, "attn_output"))
+        if cfg.traits.post_norms:
+            attn = self.rms_norm(attn, _blk(i, "post_attention_norm"))
+        return attn
 
-        xn = self.rms_norm(x, n("ffn_norm"))
+    def mlp(self, i: int, x: str) -> str:
+        """Layer i's gated MLP: down(act(gate(xn)) * up(xn)), xn the ffn-normed input."""
+        cfg, g, t = self.cfg, self.g, self.cfg.traits
+        xn = self.rms_norm(x, _blk(i, "ffn_norm"))
         if t.fused_gate_up:  # ffn_up holds [gate; up]
             ff = cfg.n_ff
             projs = [
-                _Proj(n("up"), _share(0, ff, None), n("gate")),
-                _Proj(n("up"), _share(ff, ff, None), n("up")),
+                _Proj(_blk(i, "up"), _share(0, ff, None), _blk(i, "gate")),
+                _Proj(_blk(i, "up"), _share(ff, ff, None), _blk(i, "up")),
             ]
         else:
-            projs = [_Proj(n("gate"), None, n("gate")), _Proj(n("up"), None, n("up"))]
+            projs = [_Proj(_blk(i, "gate"), None, _blk(i, "gate")), _Proj(_blk(i, "up"), None, _blk(i, "up"))]
         gate, up = self.linears(xn, projs)
-        mlp = self.linear(g.op("Mul", [self.activation(gate), up]), n("down"))
+        mlp = self.linear(g.op("Mul", [self.activation(gate), up]), _blk(i, "down"))
         if t.post_norms:
-            mlp = self.rms_norm(mlp, n("post_ffw_norm"))
-        return g.op("Add", [x, mlp])
+            mlp = self.rms_norm(mlp, _blk(i, "post_ffw_norm"))
+        return mlp
 
     def build(self):  # type: ignore[no-untyped-def]
         from onnx import TensorProto, helper

@@ -209,7 +209,7 @@ def forward(
     """Logits [len(ids), vocab] (float64) for the sequence at positions 0..n-1, every position scored;
     `context` is the KV cache size the engine was given (it picks LongRoPE's factors).
 
-    Hooks for modelling another engine's roundings (benchmarks/llamacpp_rounding.py): `matmul(x, name)`
+    Hooks for modelling another engine's roundings (benchmarks/llamacpp_rounding.py, removed at 1363000): `matmul(x, name)`
     computes x @ W^T for the weight `name + ".weight"` (bias added after it), `attn_round` is applied to Q, K
     and V after RoPE and to the attention probabilities."""
     m, w, t = model, model.weights, model.traits

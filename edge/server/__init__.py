@@ -1,6 +1,6 @@
-"""`edge serve`: an OpenAI-compatible HTTP server on loaded models, safe by default (README "edge serve").
+"""`edge serve`: an OpenAI-compatible HTTP server on loaded models, safe by default (docs/cli.md).
 
-Imports FastAPI's stack (Starlette, uvicorn, sse-starlette); `import edge` does not import this package.
+Imports the server stack (Starlette, uvicorn, sse-starlette); `import edge` does not import this package.
 """
 
 from edge.server.config import Limits, LoadSettings, ServerConfig, UnsafeBindError

@@ -161,7 +161,7 @@ def serve(
     grace_s: float = 5.0,
     **load: Any,
 ) -> Server:
-    """Serve models over OpenAI's HTTP API (docs/api.md, README "edge serve").
+    """Serve models over OpenAI's HTTP API (docs/api.md, docs/cli.md "edge serve").
 
     `models`: catalog names or .gguf paths (default: the catalog default). `load` takes `edge.load`'s keyword
     arguments (device, backend, precision, n_ctx, n_threads, draft, fallback, draft_device). `api_key`
