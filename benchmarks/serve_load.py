@@ -565,6 +565,14 @@ def llama_server_version(path: str) -> str | None:
     return "; ".join(lines) or None
 
 
+def health(srv: Server) -> Any:
+    """What the server says of itself after the load (edge: slots, queue and batch sizes per model)."""
+    try:
+        return httpx.get(srv.url + "/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
 def measure(spec: ServerSpec, args: argparse.Namespace, path: Path, prompts: Prompts, long_prompt: str | None,
             log_dir: Path) -> dict[str, Any]:  # fmt: skip
     cmd = server_command(spec, args, path, free_port())
@@ -573,6 +581,7 @@ def measure(spec: ServerSpec, args: argparse.Namespace, path: Path, prompts: Pro
     row: dict[str, Any] = {"server": spec.label, "command": shlex.join(cmd)}
     try:
         row["ready_s"] = round(time.perf_counter() - t0, 1)
+        row["load_average_start"] = round(os.getloadavg()[0], 1)  # others' work on the machine skews it all
         print(f"{spec.label}: ready in {row['ready_s']} s", file=sys.stderr, flush=True)
         if args.soak:
             row["soak"] = soak(srv, args.soak, args)
@@ -582,6 +591,8 @@ def measure(spec: ServerSpec, args: argparse.Namespace, path: Path, prompts: Pro
             row["levels"] = with_ratios([load_level(srv, prompts, c, args) for c in args.clients])
             if long_prompt is not None:
                 row["probe"] = long_prompt_probe(srv, long_prompt, args)
+        row["health"] = health(srv)
+        row["load_average_end"] = round(os.getloadavg()[0], 1)
     finally:
         srv.stop()
     row["peak_rss_mib"] = srv.peak_rss >> 20
@@ -599,8 +610,15 @@ def report(out: dict[str, Any]) -> list[str]:
         *([f"llama-server: {out['llama_server_version']}.", ""] if out["llama_server_version"] else [""]),
         f"Command: `{out['command']}`",
         "",
+        *([out["note"], ""] if out.get("note") else []),
     ]
     rows = out["rows"]
+    if any(r["server"].startswith("llama-server") for r in rows):
+        lines += [
+            "llama-server runs with its defaults: continuous batching, one KV buffer of -c = context x N, and a "
+            "prompt cache in host RAM (--cache-ram, 8 GiB at most) that its RSS includes.",
+            "",
+        ]
     if any("levels" in r for r in rows):
         lines += [
             f"Greedy, max_tokens {a['max_tokens']}, {a['requests']} requests per client, prompts alternating "
@@ -643,8 +661,12 @@ def report(out: dict[str, Any]) -> list[str]:
                 f"{s['rss_after_warmup_mib']} -> {s['rss_end_mib']} | {_cell(s['rss_growth_pct'])}% |"
             )
         lines.append("")
-    lines += ["| server | peak RSS MiB | ready s |", "|---|---|---|"]
-    lines += [f"| {r['server']} | {r['peak_rss_mib']} | {r['ready_s']} |" for r in rows]
+    lines += ["| server | peak RSS MiB | ready s | load average start / end |", "|---|---|---|---|"]
+    lines += [
+        f"| {r['server']} | {r['peak_rss_mib']} | {r['ready_s']} | "
+        f"{_cell(r.get('load_average_start'))} / {_cell(r.get('load_average_end'))} |"
+        for r in rows
+    ]
     lines += ["", "Server commands:", "", *[f"- `{r['command']}`" for r in rows]]
     return lines
 
@@ -669,6 +691,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--llama-server", default=shutil.which("llama-server") or DEFAULT_LLAMA_SERVER)
     ap.add_argument("--soak", type=int, default=0, metavar="N", help="instead: N requests, 8 clients, drops")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--note", default=None, help="a line for the report (what the run is, the machine's state)"
+    )
     ap.add_argument("--out", default=None, help="results stem (default benchmarks/results/serve-...)")
     args = ap.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
@@ -694,12 +719,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": date,
         "model": name,
         "file": str(checked.path),
-        "command": shlex.join([Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(
+            ["python", Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)]
+        ),
         "cpu": cpu_summary(lscpu()),
         "llama_server_version": llama_server_version(args.llama_server)
         if any(s.kind == "llama-server" for s in specs)
         else None,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "note")},
+        "note": args.note,
         "load_average_at_end": os.getloadavg(),
         "rows": rows,
     }
