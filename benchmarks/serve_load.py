@@ -261,6 +261,9 @@ class Request:
     prompt_tokens: int = 0
     text: str = ""
     closed_early: bool = False
+    stats: dict[str, Any] | None = (
+        None  # the server's own figures: edge's `edge` field, llama-server's timings
+    )
 
 
 def stream_chat(
@@ -303,6 +306,7 @@ def stream_chat(
                     r.error = f"error event: {str(event['error'])[:80]}"
                     return r
                 usage = event.get("usage") or usage
+                r.stats = event.get("edge") or event.get("timings") or r.stats
                 for choice in event.get("choices") or []:
                     content = (choice.get("delta") or {}).get("content")
                     if content:
@@ -587,7 +591,8 @@ def measure(spec: ServerSpec, args: argparse.Namespace, path: Path, prompts: Pro
             row["soak"] = soak(srv, args.soak, args)
         else:
             for i in range(2):  # warm-up: a short and a long prompt (first-run compiles, caches)
-                stream_chat(srv.url, srv.model_id, prompts(i, f"warm-{i}"), 8)
+                warm = stream_chat(srv.url, srv.model_id, prompts(i, f"warm-{i}"), 8)
+            row["warmup_stats"] = warm.stats  # edge: which backend and device answered
             row["levels"] = with_ratios([load_level(srv, prompts, c, args) for c in args.clients])
             if long_prompt is not None:
                 row["probe"] = long_prompt_probe(srv, long_prompt, args)
