@@ -386,7 +386,11 @@ class Server:
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
         self._sampler.start()
-        self.model_id = self._wait_ready()
+        try:
+            self.model_id = self._wait_ready()
+        except BaseException:  # not ready (or interrupted): leave no server behind
+            self.stop()
+            raise
 
     def rss(self) -> int:
         try:
@@ -464,7 +468,7 @@ def long_prompt_probe(srv: Server, long_prompt: str, args: argparse.Namespace) -
         window[:] = [r.sent, r.sent + (r.ttft_s or 0.0), r.prompt_tokens, r.ok]
         probe_done.set()
 
-    clients = [[] for _ in range(3)]  # type: list[list[Request]]
+    clients: list[list[Request]] = [[] for _ in range(3)]
 
     def client(i: int) -> None:
         clients[i] = background(i)
@@ -719,7 +723,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="serve-load-"))  # the servers' own output, kept for a failure
     print(f"server logs: {log_dir}", file=sys.stderr)
-    rows = [measure(s, args, checked.path, prompts, long_prompt, log_dir) for s in specs]
+    try:
+        rows = [measure(s, args, checked.path, prompts, long_prompt, log_dir) for s in specs]
+    except RuntimeError as exc:  # a server that did not start: its command and log say why
+        print(f"serve_load: {exc}", file=sys.stderr)
+        return 1
     out = {
         "date": date,
         "model": name,
