@@ -9,7 +9,7 @@ from typing import Any
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.errors import InsufficientMemoryError
 from edge.model import Model
-from edge.models.checked import check_model
+from edge.models.checked import CheckedModel, check_model
 from edge.models.store import PullProgress
 from edge.options import LoadOptions
 from edge.speculative import open_speculative
@@ -72,32 +72,38 @@ def load(
         parallel=parallel,
     )
     checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
+    return _open(checked, opts)
+
+
+def _open(checked: CheckedModel, opts: LoadOptions) -> Model:
+    """Where the checked model runs (and that it fits there), opened as a Model with its drafters."""
+    fallback = opts.fallback
     request = DeviceRequest(
-        opts.backend, opts.device, "cpu" if fallback is True else (fallback or None), emulate
+        opts.backend, opts.device, "cpu" if fallback is True else (fallback or None), opts.emulate
     )
     popts = PlannedOptions(
-        n_ctx=n_ctx,
-        threads=n_threads,
-        precision=precision,
-        available_memory=available_memory,
-        batching=parallel > 1,
+        n_ctx=opts.n_ctx,
+        threads=opts.n_threads,
+        precision=opts.precision,
+        available_memory=opts.available_memory,
+        batching=opts.parallel > 1,
     )
     opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
     decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
     try:
         loaded = Model(checked, decoder, placement, device_plan=opening.plan, options=opts)
         loaded.speculative = open_speculative(
-            draft,
+            opts.draft,
             decoder,
             checked.tokenizer,
             checked.name,
             target_backend=placement.backend,
             target_path=checked.path,
-            draft_device=draft_device,
-            draft_k=draft_k,
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            precision=precision,
+            draft_device=opts.draft_device,
+            draft_k=opts.draft_k,
+            n_ctx=opts.n_ctx,
+            n_threads=opts.n_threads,
+            precision=opts.precision,
         )
         return loaded
     except BaseException:
