@@ -92,6 +92,7 @@ class _Piece:
     feeds: dict[str, np.ndarray]
     done: threading.Event = field(default_factory=threading.Event)
     out: list[np.ndarray] | None = None
+    batch: int = 0  # the pieces of the step it rode in
     error: BaseException | None = None
 
     @property
@@ -206,7 +207,7 @@ class BatchEngine:
         sizes = {p.n == 1 for p in batch}
         self.mixed_steps += len(sizes) == 2
         for p, o in zip(batch, parts, strict=True):
-            p.out = o
+            p.out, p.batch = o, len(batch)
             p.done.set()
 
 
@@ -291,6 +292,7 @@ class SlotDecoder(RingDecoder):
         base = engine.base
         opts = base.options
         self._engine, self._closed = engine, False
+        self.ridden = (0, 0)  # (steps this slot rode in, pieces those steps carried in all)
         self.backend, self.device = base.backend, base.device
         self.staged, self.first_run_costs = base.staged, base.first_run_costs
         self._init_ring(
@@ -317,7 +319,9 @@ class SlotDecoder(RingDecoder):
             raise self._overflowed()
         base = self._engine.base
         feeds = base.step_feeds(self, view, ids, last_only, window=window, score=score)
-        out = self._engine.run(_Piece(self, feeds))
+        piece = _Piece(self, feeds)
+        out = self._engine.run(piece)
+        self.ridden = (self.ridden[0] + 1, self.ridden[1] + piece.batch)
         self.cache.commit(out[1::2], out[2::2])
         return out[0][0]
 

@@ -192,6 +192,7 @@ class Model:
         self._closed = False
         self._handed_over = False  # `slots` gave the decoder to a batch engine
         self.batch_engine: BatchEngine | None = None  # a slot's: the engine that packs its steps with others'
+        self._slot: SlotDecoder | None = None
 
     # -- what was loaded -------------------------------------------------------------------------
     @property
@@ -723,7 +724,9 @@ class Model:
             if self._closed or self._busy:
                 raise EdgeError("slots of a closed or busy model", hint="call slots() right after load")
             decoders = batching.slots(n)
-            engine = decoders[0].engine if isinstance(decoders[0], SlotDecoder) else None
+            engine = (
+                decoders[0].engine if isinstance(decoders[0], SlotDecoder) else None
+            )  # what batched() gives
             self._closed = self._handed_over = True  # the engine closes the decoder with its last slot
             self._closing.set()
             if self.speculative is not None:
@@ -734,8 +737,14 @@ class Model:
             m.batch_engine = engine
         return models
 
+    def ridden(self) -> tuple[int, int] | None:
+        """A slot's (steps it rode in, pieces those steps carried in all): their ratio is the batch it saw;
+        None for a model that is no slot."""
+        return None if self._slot is None else self._slot.ridden
+
     def _slot_model(self, decoder: Decoder, *, lookup: bool) -> Model:
         m = Model(self.checked, decoder, self.placement, device_plan=self.device_plan, options=self.options)
+        m._slot = decoder if isinstance(decoder, SlotDecoder) else None
         if lookup:
             o = self.options
             m.speculative = open_speculative(

@@ -72,6 +72,7 @@ class Job:
     polls: int = 0  # cancel polls by the generation: one per token (and per prefill chunk)
     polls_at_cancel: int | None = None
     shutdown: bool = False  # cancelled by the end of a shutdown's grace (not by its client)
+    batch: float | None = None  # on a batch slot: the mean pieces of the steps it rode in
 
     def cancel(self) -> None:
         if not self.cancelled.is_set():
@@ -137,11 +138,15 @@ class _Worker:
         if job.cancelled.is_set():  # nobody waits for it, or the shutdown cut it before it began
             job.put(Failed(ServerStopping() if job.shutdown else asyncio.CancelledError()))
             return
+        before = self.model.ridden()
         try:
             result = job.run(self.model, job.poll, job.put)
         except BaseException as exc:  # handed to the request; the worker goes on
             job.put(Failed(exc))
             return
+        after = self.model.ridden()
+        if before is not None and after is not None and after[0] > before[0]:
+            job.batch = (after[1] - before[1]) / (after[0] - before[0])
         job.put(Done(result))
         after = None if job.polls_at_cancel is None else job.polls - job.polls_at_cancel
         self.scheduler._record(JobRecord(result.stats.stop_reason, result.stats.n_tokens, after))

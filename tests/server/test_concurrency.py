@@ -87,6 +87,8 @@ def test_parallel_slots_batch_every_request_into_shared_steps(start_server: Call
     engine = sched.replicas[0].batch_engine
     assert engine is not None and all(m.batch_engine is engine for m in sched.replicas)
 
+    batches: list[float | None] = []
+
     def ask(server: Server, p: str) -> str:
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
         stream = c.chat.completions.create(
@@ -96,10 +98,17 @@ def test_parallel_slots_batch_every_request_into_shared_steps(start_server: Call
             temperature=0,
             stream=True,
         )
-        return "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        text = ""
+        for ch in stream:
+            text += ch.choices[0].delta.content or "" if ch.choices else ""
+            if (ch.model_extra or {}).get("edge"):
+                batches.append(ch.model_extra["edge"]["batch"])  # type: ignore[index]
+        return text
 
     prompts = [f"w{i} " * (1 + 9 * i) for i in range(6)]  # mixed lengths: prefill beside others' decode
     expected = {p: ask(alone, p) for p in prompts}
+    assert batches == [None] * len(prompts)  # no slots: no batch
+    batches.clear()
     got: dict[str, list[str]] = {p: [] for p in prompts}
     threads = [threading.Thread(target=lambda p=p: got[p].append(ask(s, p))) for p in prompts]
     for t in threads:
@@ -110,6 +119,8 @@ def test_parallel_slots_batch_every_request_into_shared_steps(start_server: Call
     health = httpx.get(s.url + "/health").json()["models"]["tiny.gguf"]
     assert health["mode"] == "slots" and health["completed"] == len(prompts)
     assert health["batch"]["mean_batch"] > 1.5, health  # steps really carried several requests
+    assert len(batches) == len(prompts) and all(b is not None and b >= 1 for b in batches)
+    assert max(b for b in batches if b is not None) > 2  # each response says the batch it rode in
 
 
 def test_disconnect_mid_stream_cancels_within_one_decode_step(start_server: Callable[..., Server]) -> None:
