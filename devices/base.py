@@ -8,7 +8,7 @@ reaches, and hand out the sink control and the partition view when the decoder h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -21,9 +21,11 @@ __all__ = [
     "KVFill",
     "PartitionInfo",
     "Partitions",
+    "PrefixCopy",
     "Sinks",
     "Truncation",
     "rollback_limit",
+    "rollback_reach",
 ]
 
 
@@ -95,6 +97,18 @@ class Truncation(Protocol):
         ...
 
 
+class PrefixCopy(Protocol):
+    """Taking another sequence's KV prefix instead of computing it (batch slots of one engine: a shared system
+    prompt, a conversation that moved to another slot)."""
+
+    def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:
+        """Hold `other`'s first tokens, copied (this KV is emptied first): `count()`, called while neither KV
+        can move (`other` may be generating: it waits for the copy), says how many. Returns how many were
+        copied: 0, nothing changed, where `other` is no sibling or its KV no longer holds them in place (a
+        wrapped ring)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a decoder can do beyond the core contract. Every decoder states `max_rollback`; the others are
@@ -114,6 +128,7 @@ class Capabilities:
     first_run_costs: bool = False
     batching: Batching | None = None
     truncation: Truncation | None = None
+    prefix_copy: PrefixCopy | None = None
 
 
 @runtime_checkable

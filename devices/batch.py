@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -333,7 +333,25 @@ class SlotDecoder(RingDecoder):
             staged=self.staged,
             first_run_costs=self.first_run_costs,
             truncation=self,
+            prefix_copy=self,
         )
+
+    def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:
+        """`PrefixCopy`: a sibling slot's first tokens, copied (same graph, same KV geometry). Under both
+        locks neither slot steps; a generating one's positions below its held ids stay as they are (it writes
+        beyond them, and rolls back only what it wrote)."""
+        if not isinstance(other, SlotDecoder) or other is self or other._engine is not self._engine:
+            return 0
+        if self.cache.sink != other.cache.sink:
+            self.set_sink(other.cache.sink)  # the sinks the source's conversation pinned (empties this KV)
+        first, second = sorted((self, other), key=id)  # one lock order: two slots copying both ways
+        with first._lock, second._lock:
+            src = other.cache
+            n = min(count(), src.position)
+            if n <= 0 or src.truncate_limit != src.position or self.cache.sink != src.sink:
+                return 0
+            self.cache.copy_prefix(src, n)
+        return n
 
     def close(self) -> None:
         with self._lock:

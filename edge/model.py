@@ -737,6 +737,31 @@ class Model:
             m.batch_engine = engine
         return models
 
+    def adopt_prefix(self, other: Model, ids: Sequence[int]) -> int:
+        """Before a generation of `ids` on this slot: where `other` (a sibling slot, not generating now) holds a
+        longer prefix of them than this one does, copy its KV instead of computing it. Returns the ids copied."""
+        copy = self.decoder.capabilities().prefix_copy
+        if copy is None or other is self:
+            return 0
+        taken: list[int] = []
+
+        def count() -> int:
+            # NOTE: read with both KVs still: what a generating slot holds (its prompt so far) stays in place
+            held = other.session.holding()
+            n = min(common_prefix(held, ids), len(ids) - 2)  # prepare feeds the last two again
+            if n <= common_prefix(self.session.held, ids):
+                return 0
+            taken[:] = held[:n]
+            return n
+
+        with self._lock:
+            if self._busy or self._closed or other._closed:
+                return 0
+            n = copy.copy_prefix_from(other.decoder, count)
+            if n:
+                self.session.adopt(taken[:n])
+            return n
+
     def ridden(self) -> tuple[int, int] | None:
         """A slot's (steps it rode in, pieces those steps carried in all): their ratio is the batch it saw;
         None for a model that is no slot."""

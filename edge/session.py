@@ -79,10 +79,20 @@ class KVSession:
         self._known = True  # False after an error mid-generation: the KV content is not trusted
         self.reused_last = 0  # prompt ids the last prepare kept (for stats and tests)
         self._cut: _Cut | None = None  # the last `window` cut, reused while the same conversation goes on
+        self._feeding: list[int] | None = None  # between prepare and settle: the prompt being fed
 
     @property
     def held(self) -> list[int]:
         return list(self._held)
+
+    def holding(self) -> list[int]:
+        """The ids the KV holds in place now, generation or not: between prepare and settle, the prompt's ids
+        fed so far (the generated ones are not known here), else `held`. Read from another thread it may be
+        out of date by a step; `PrefixCopy` reads it with the decoder still."""
+        feeding = self._feeding
+        if feeding is None:
+            return list(self._held)
+        return feeding[: min(len(feeding), self.decoder.position)] if self._known else []
 
     def window(self, prompt_ids: Sequence[int], *, keep: int | None, reserve: int = 0) -> list[int]:
         """The ids to feed for a conversation's `prompt_ids` whose first `keep` ids are its system prompt
@@ -153,6 +163,7 @@ class KVSession:
             dec.reset()
         del held[keep:]
         self._known = True
+        self._feeding = list(prompt_ids)
         self.reused_last = keep
         return keep
 
@@ -169,11 +180,19 @@ class KVSession:
             dec.rollback(extra)
         self._held = list(fed[: dec.position])
         self._known = True
+        self._feeding = None
+
+    def adopt(self, ids: Sequence[int]) -> None:
+        """The decoder's KV was given `ids` from elsewhere (`PrefixCopy`): hold them."""
+        if self.decoder.position != len(ids):
+            raise ValueError(f"the KV holds {self.decoder.position} tokens, not the {len(ids)} adopted")
+        self._held, self._known, self._feeding = list(ids), True, None
 
     def invalidate(self) -> None:
         """Forget what the KV holds (the next prepare resets the decoder)."""
         self._held = []
         self._known = False
+        self._feeding = None
 
     def moved_to(self, decoder: Decoder) -> KVSession:
         """A session for another decoder that takes this conversation over: nothing held, the same cut."""

@@ -458,6 +458,25 @@ class RingKVCache:
         self._undo_tokens = 0
         self._pending = None
 
+    def copy_prefix(self, src: RingKVCache, n: int) -> None:
+        """Hold the first n tokens `src` holds, copied (another sequence with the same prompt prefix: a shared
+        system prompt). `src` must have this geometry and must not have wrapped, so its first n positions sit in
+        slots 0..n-1; this cache is emptied first. The state equals a prefill of those n tokens."""
+        if src.layers != self.layers or src.sink != self.sink:
+            raise ValueError("copy_prefix needs two caches of one geometry (layers and sink)")
+        if not 0 < n <= src.position or src.truncate_limit != src.position:
+            raise RollbackError(
+                f"cannot copy {n} tokens from a cache at {src.position} that "
+                f"{'has wrapped' if src.truncate_limit != src.position else 'holds fewer'}"
+            )
+        self.reset()
+        for mine, theirs in zip(self._groups, src._groups, strict=True):
+            mine.k[:, :, :n] = theirs.k[:, :, :n]
+            mine.v[:, :, :n] = theirs.v[:, :, :n]
+        for sp in self._slot_pos:
+            sp[:n] = np.arange(n)
+        self._position = self._high = n
+
     def reset(self) -> None:
         """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""
         for g in self._groups:

@@ -7,6 +7,8 @@ their workers' forwards meet in the batch engine, which runs them packed into on
 (devices/batch.py), so every active request joins each step (continuous batching). When several replicas
 are free, the request goes to the one whose KV cache already holds the longest prefix of its prompt, so a
 conversation that sends its history again keeps reusing its KV (edge.session) even when clients interleave.
+Slots go further: where another slot, generating or not, holds a longer prefix (a system prompt every client
+sends), its KV is copied into the chosen one before the request runs (`Model.adopt_prefix`).
 
 Pieces of text go back to the event loop through an asyncio queue; a request that is cancelled (its client
 disconnected, or the server is stopping) sets the job's event, which the generation polls between tokens.
@@ -73,6 +75,9 @@ class Job:
     polls_at_cancel: int | None = None
     shutdown: bool = False  # cancelled by the end of a shutdown's grace (not by its client)
     batch: float | None = None  # on a batch slot: the mean pieces of the steps it rode in
+    # the sibling slots: the one holding the longest prefix of the prompt is copied from before it runs
+    siblings: tuple[Model, ...] = ()
+    copied: int = 0  # prompt ids copied from a sibling
 
     def cancel(self) -> None:
         if not self.cancelled.is_set():
@@ -118,9 +123,9 @@ class _Worker:
             self.ready.notify()
 
     def held(self) -> list[int]:
-        # read while this worker is idle; a warm-up after start may still be filling it (then the choice of
-        # replica is merely less good: the held list is replaced, never left half-written)
-        return self.model.session.held
+        # read from the dispatching thread: a warm-up or a generation may be moving it (then the choice of
+        # replica or source is merely less good: adopt_prefix reads it again with the KVs still)
+        return self.model.session.holding()
 
     def _loop(self) -> None:
         while True:
@@ -138,6 +143,9 @@ class _Worker:
         if job.cancelled.is_set():  # nobody waits for it, or the shutdown cut it before it began
             job.put(Failed(ServerStopping() if job.shutdown else asyncio.CancelledError()))
             return
+        if job.siblings:  # read now, not at dispatch: a sibling may have prefilled more since
+            best = max(job.siblings, key=lambda m: common_prefix(m.session.holding(), job.prompt_ids))
+            job.copied = self.model.adopt_prefix(best, job.prompt_ids)
         before = self.model.ridden()
         try:
             result = job.run(self.model, job.poll, job.put)
@@ -202,6 +210,8 @@ class Scheduler:
         while self._queue and self._idle:
             job = self._queue.popleft()
             worker = max(self._idle, key=lambda w: common_prefix(w.held(), job.prompt_ids))
+            if self.batched:  # another slot, busy or not, may hold more of it: copied before it runs
+                job.siblings = tuple(w.model for w in self._workers if w is not worker)
             self._idle.remove(worker)
             self._running.add(job)
             worker.give(job)

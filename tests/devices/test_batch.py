@@ -178,3 +178,37 @@ def test_the_last_slot_closed_frees_the_graph(files: dict[str, Path]) -> None:
     slots[1].forward([1, 7])  # the other slot still runs
     slots[1].close()
     assert base.runner is None and not engine.alive
+
+
+def test_a_slot_takes_a_siblings_prefix_and_goes_on_as_alone(files: dict[str, Path]) -> None:
+    """`PrefixCopy`: a slot copies the first tokens a sibling holds (a shared system prompt) while the
+    sibling keeps decoding; both then decode what they would alone. A wrapped sibling is refused."""
+    gg = open_gguf(files["qwen2-q8_0"])
+    opts = _options("ort", False, 256)
+    head, tail = _prompt(40, 11), _prompt(9, 12)[1:]
+    alone = GraphDecoder(gg, opts)
+    want = _run_plan(alone, ([*head, *tail], [(20, 0)]))
+    alone.close()
+    base = GraphDecoder(gg, opts)
+    a, b = base.capabilities().batching.slots(2)  # type: ignore[union-attr]
+    a.forward(head)
+    copy = b.capabilities().prefix_copy
+    assert copy is not None
+    running = threading.Thread(target=lambda: [a.forward([5]) for _ in range(30)])
+    running.start()  # the sibling goes on decoding while the copy is taken
+    assert copy.copy_prefix_from(a, lambda: len(head)) == len(head)
+    running.join()
+    assert b.position == len(head)
+    row = b.forward(tail, last_only=True)[-1]
+    tokens = []
+    for _ in range(20):
+        tokens.append(int(row.argmax()))
+        row = b.forward([tokens[-1]])[-1]
+    assert tokens == want[0]
+    assert copy.copy_prefix_from(b, lambda: 0) == 0  # nothing asked: nothing changed
+    assert b.position == len(head) + len(tail) + 20
+    for _ in range(300):
+        a.forward([7])  # a wraps its 256-slot ring
+    assert copy.copy_prefix_from(a, lambda: 10) == 0 and b.position == len(head) + len(tail) + 20
+    a.close()
+    b.close()

@@ -344,6 +344,27 @@ def test_truncate_beyond_the_undo_log_before_a_wrap_equals_the_shorter_sequence(
     assert cache.position == 45
 
 
+def test_copy_prefix_equals_a_prefill_of_those_tokens() -> None:
+    layers = [LayerSpec(2, 4, 40), LayerSpec(1, 2, 40)]
+    src = RingKVCache(layers, sink=2)
+    feed(src, 21, chunk=7, seed=4)
+    dst = RingKVCache(layers, sink=2)
+    feed(dst, 9, seed=8)  # whatever it held is emptied
+    dst.copy_prefix(src, 14)
+    shorter = RingKVCache(layers, sink=2)
+    feed(shorter, 14, chunk=7, seed=4)
+    assert_same_state(dst, shorter)
+    feed(dst, 5, seed=3)
+    feed(shorter, 5, seed=3)
+    assert_same_state(dst, shorter)
+
+    feed(src, 30, seed=1)  # wrapped: its first positions are gone from their slots
+    with pytest.raises(RollbackError):
+        dst.copy_prefix(src, 10)
+    with pytest.raises(ValueError):
+        dst.copy_prefix(RingKVCache(layers, sink=3), 1)
+
+
 def test_rollback_limits() -> None:
     cache = RingKVCache([G6], sink=2, max_rollback=3)
     feed(cache, 5)

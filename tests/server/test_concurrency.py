@@ -123,6 +123,35 @@ def test_parallel_slots_batch_every_request_into_shared_steps(start_server: Call
     assert max(b for b in batches if b is not None) > 2  # each response says the batch it rode in
 
 
+def test_a_shared_system_prompt_is_copied_from_a_busy_slot(start_server: Callable[..., Server]) -> None:
+    """Two clients with one long system prompt: while the first streams on one slot, the second, on the other,
+    copies the system prompt's KV from it instead of prefilling it, and answers as it would alone."""
+    system = {"role": "system", "content": " ".join(f"rule{i}" for i in range(120))}
+    ask_2 = [system, {"role": "user", "content": "w3 w4"}]
+    alone = start_server(backend="ort", precision="exact")
+    c = openai.OpenAI(base_url=alone.url + "/v1", api_key="x", max_retries=0)
+    want = c.chat.completions.create(model="tiny.gguf", messages=ask_2, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+
+    s = start_server(backend="ort", precision="exact", parallel=2, n_ctx=LONG_CTX, limits=LONG_LIMITS)
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+    first = c.chat.completions.create(
+        model="tiny.gguf",
+        messages=[system, {"role": "user", "content": "w1"}],  # type: ignore[list-item]
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+    )
+    chunks = iter(first)
+    while not next(chunks).choices[0].delta.content:  # its first token: its prompt is in the KV
+        pass
+    got = c.chat.completions.create(model="tiny.gguf", messages=ask_2, max_tokens=16, temperature=0)  # type: ignore[arg-type]
+    first.close()
+    assert got.usage is not None and want.usage is not None
+    cached = got.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached is not None and cached > 120  # the system prompt, copied
+    assert got.choices[0].message.content == want.choices[0].message.content
+
+
 def test_disconnect_mid_stream_cancels_within_one_decode_step(start_server: Callable[..., Server]) -> None:
     s = start_server(n_ctx=LONG_CTX, limits=LONG_LIMITS)
     sched = scheduler(s)
