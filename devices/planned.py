@@ -256,7 +256,7 @@ def _open_phases(model: CheckedModel, request: DeviceRequest, options: PlannedOp
     if request.backend not in (None, AUTO) or request.device != "cpu" or request.emulate:
         raise PlanError(
             "--plan names each phase's backend and device; it takes no --backend, --device or --emulate",
-            hint=f"e.g. --plan {split.prefill.label.rsplit(':', 1)[0]},... alone",
+            hint="drop --backend and --device: the plan names each half's",
         )
     if model.artifact is not None:
         raise PlanError(f"{model.path.name} is an edge convert artifact; a phase split runs a GGUF")

@@ -162,3 +162,25 @@ def test_the_memory_check_counts_both_halves(files: dict[str, Path]) -> None:
             path, request, PlannedOptions(n_ctx=64, available_memory=one.total + one.weights // 2)
         )
     resolve_request(path, request, PlannedOptions(n_ctx=64, available_memory=2 * one.total))
+
+
+def test_warm_up_runs_the_prefill_half(files: dict[str, Path]) -> None:
+    """`warm_kernels` (what chat and serve run at load) reaches the prefill half, whose first runs cost more."""
+    from edge.devices.base import warm_kernels
+
+    gg = open_gguf(files["llama-q4_1"])
+    split = PhaseSplitDecoder(
+        GraphDecoder(gg, _options("openvino", 256)), GraphDecoder(gg, _options("ort", 256))
+    )
+    assert split.capabilities().first_run_costs  # OpenVINO's
+    warm_kernels(split)
+    assert split.seconds[0] > 0 and split.seconds[1] > 0 and split.position == 0
+    split.close()
+
+
+def test_bench_refuses_a_bad_phase_plan_up_front() -> None:
+    from edge.bench_config import BenchConfig
+
+    with pytest.raises(PlanError):
+        BenchConfig(backends=("ort",), plans=("prefill=ort:cpu",))
+    BenchConfig(backends=("ort",), plans=("prefill=openvino:cpu:bf16,decode=ort:cpu", "npu-emulated"))
