@@ -21,6 +21,7 @@ __all__ = [
     "KVFill",
     "PartitionInfo",
     "Partitions",
+    "PhaseSplit",
     "PrefixCopy",
     "Sinks",
     "Truncation",
@@ -52,6 +53,20 @@ class PartitionInfo:
     @property
     def label(self) -> str:
         return f"{self.layers.start}-{self.layers.stop - 1}{'+head' if self.head else ''} {self.backend}:{self.device}"
+
+
+@dataclass(frozen=True)
+class PhaseSplit:
+    """A decoder split by phase (devices/phase_split.py): a forward of more than `threshold` tokens (a prompt)
+    runs on the prefill half, the others (decode steps, short verifies) on the decode half, one KV between them."""
+
+    prefill: str  # the halves' "backend:device:precision", e.g. "openvino:cpu:bf16"
+    decode: str
+    threshold: int
+
+    @property
+    def label(self) -> str:
+        return f"prefill {self.prefill}, decode {self.decode}"
 
 
 class Sinks(Protocol):
@@ -129,6 +144,7 @@ class Capabilities:
     batching: Batching | None = None
     truncation: Truncation | None = None
     prefix_copy: PrefixCopy | None = None
+    phases: PhaseSplit | None = None  # split by phase: which halves run the prompts and the tokens
 
 
 @runtime_checkable
@@ -163,9 +179,15 @@ def warm_kernels(decoder: Decoder) -> None:
     """A many-row and a one-row forward of arbitrary ids, then an empty KV again: a decoder whose runtime
     prepares its kernels on their first runs (`Capabilities.first_run_costs`) has paid for them afterwards."""
     rows = max(2, min(WARM_ROWS, decoder.n_ctx // 4))
-    ids = [(7 + 7919 * i) % decoder.vocab_size for i in range(rows)]
+    phases = decoder.capabilities().phases
+    # a phase split's prompt half runs forwards of more than its threshold only
+    long = 0 if phases is None else min(phases.threshold + 1, decoder.n_ctx // 2)
+    ids = [(7 + 7919 * i) % decoder.vocab_size for i in range(max(rows, long))]
     try:
-        decoder.forward(ids, last_only=True)
+        if long > rows:
+            decoder.forward(ids[:long], last_only=True)
+            decoder.reset()
+        decoder.forward(ids[:rows], last_only=True)
         decoder.forward(ids[:1], last_only=True)
     finally:
         decoder.reset()

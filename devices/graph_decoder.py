@@ -21,7 +21,7 @@ from edge.devices.base import Capabilities, Decoder
 from edge.devices.batch import batched
 from edge.devices.invariance import rows_invariant
 from edge.devices.mapped import release_heap
-from edge.devices.precision import check_precision
+from edge.devices.precision import BF16, check_precision, graph_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
 from edge.errors import ModelFormatError
@@ -47,7 +47,8 @@ class GraphOptions:
     max_rollback: int = 16
     threads: int | None = None
     # exact: fp32 math on the file's own blocks; fast: int8 activations where the runtime has an int8 path
-    # (ORT MatMulNBits accuracy level 4, OpenVINO's dynamic quantization), the weights imported the same way
+    # (ORT MatMulNBits accuracy level 4, OpenVINO's dynamic quantization), the weights imported the same way;
+    # bf16 (openvino:cpu, a phase split's half): the exact graph with OpenVINO's bf16 hint (devices/precision.py)
     precision: str = "exact"
     lowering: str = "nbits_split"
     accuracy_level: int | None = None  # MatMulNBits level; None: from precision (exact 0, fast 4)
@@ -168,10 +169,13 @@ class GraphDecoder(RingDecoder):
             prefill_chunk=opts.prefill_chunk,
             bind_all=opts.static_shapes,
         )
-        check_precision(opts.precision)
+        check_precision(opts.precision, half=True)
+        if opts.precision == BF16 and (opts.backend, opts.device) != ("openvino", "cpu"):
+            raise ValueError(f"precision bf16 runs on openvino:cpu only, not {opts.backend}:{opts.device}")
+        built = graph_precision(opts.precision)  # bf16: the exact graph, rounded by the runtime
         level = opts.accuracy_level
         if level is None:
-            level = 0 if opts.precision == "exact" else 4
+            level = 0 if built == "exact" else 4
         build = BuildOptions(
             lowering=opts.lowering,
             accuracy_level=level,
@@ -180,7 +184,7 @@ class GraphDecoder(RingDecoder):
             staged=self._staged(opts),
         )
         self.staged = build.staged
-        model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
+        model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=built)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
         self.runner: Runner = make_runner(model_path, runner_opts)

@@ -14,14 +14,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edge.devices.auto import AUTO, Choice, choose_backend
 from edge.devices.base import Decoder
 from edge.devices.llamacpp import INSTALL_LLAMACPP
-from edge.devices.memory import check_fits
+from edge.devices.memory import MemoryEstimate, check_fits
 from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
+from edge.devices.phase_split import open_phase_split, parse_phase_plan
 from edge.devices.placement import Placement
 from edge.devices.planner import (
     PREFERRED_BACKENDS,
@@ -33,7 +34,7 @@ from edge.devices.planner import (
     plan,
 )
 from edge.devices.registry import BACKENDS, DecoderOptions, estimate_memory
-from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
+from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError, PlanError
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
 from edge.models.checked import CheckedModel, as_checked
@@ -166,6 +167,8 @@ class DeviceRequest:
     device: str = "cpu"
     fallback: str | None = None  # a device kind to use in place of an absent one; None refuses
     emulate: bool = False  # an NPU-shaped graph compiled on the CPU, when no NPU is asked to be real
+    # `--plan prefill=B:D[:P],decode=B:D[:P]`: the model split by phase (devices/phase_split.py)
+    phases: str | None = None
 
 
 def _kv_per_token(cfg: ArchConfig) -> list[int]:
@@ -217,6 +220,8 @@ def resolve_request(
     from edge.devices.probe import device_profiles
 
     model = as_checked(model)
+    if request.phases is not None:
+        return _open_phases(model, request, options)
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
@@ -238,6 +243,45 @@ def resolve_request(
             )
         return _open_artifact_partitions(model, targets, profiles, options)
     return _open_plan(model, request, options, mode, targets, profiles, dopts, log)
+
+
+def _open_phases(model: CheckedModel, request: DeviceRequest, options: PlannedOptions) -> Opening:
+    """A phase split: each half placed on its (backend, device) as a single device would be, the memory of both
+    halves' weights checked at once, one ring KV between them."""
+    from edge.devices.discovery import discover
+    from edge.devices.placement import place
+
+    assert request.phases is not None
+    split = parse_phase_plan(request.phases, options.precision)
+    if request.backend not in (None, AUTO) or request.device != "cpu" or request.emulate:
+        raise PlanError(
+            "--plan names each phase's backend and device; it takes no --backend, --device or --emulate",
+            hint="drop --backend and --device: the plan names each half's",
+        )
+    if model.artifact is not None:
+        raise PlanError(f"{model.path.name} is an edge convert artifact; a phase split runs a GGUF")
+    allow = request.fallback is not None
+    halves, fallbacks = [], []
+    for phase, half in (("prefill", split.prefill), ("decode", split.decode)):
+        where = place(discover((half.backend,)), backend=half.backend, device=half.device, fallback=allow)
+        halves.append(replace(half, device=where.device))
+        if where.fallback:
+            fallbacks.append(f"{phase} {where.fallback}")
+    split = replace(split, prefill=halves[0], decode=halves[1])
+    estimates = [estimate_memory(h.backend, model, options.n_ctx) for h in halves]
+    if all(e is not None for e in estimates):
+        a, b = estimates
+        assert a is not None and b is not None
+        # both halves hold their weights; the KV is the split's one ring (the halves' own stay unwritten)
+        need = MemoryEstimate(a.weights + b.weights, a.kv_cache, a.scratch + b.scratch, a.kv_dtype)
+        check_fits(need, model.path.name, split.backend, options.n_ctx, options.available_memory)
+    where = Placement(split.backend, split.device, "; ".join(fallbacks) or None)
+
+    def open_split() -> tuple[Decoder, Placement]:
+        dec = open_phase_split(model.gguf, split, capacity=options.n_ctx, threads=options.threads)
+        return dec, where
+
+    return Opening(where, None, open_split)
 
 
 def _open_single(

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge.devices.mapped import drop_mapped_pages, dropping_mapped_pages, mapped_sources, release_heap
+from edge.devices.precision import BF16
 from edge.errors import BackendUnavailableError, DeviceError
 from edge.models.onnx_safety import check_onnx_file
 
@@ -192,13 +193,21 @@ class OpenVinoRunner:
         config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
         if target == "CPU":
             config["INFERENCE_NUM_THREADS"] = _threads(opts)
+        bf16 = opts.precision == BF16
         if target == "CPU":
             # NOTE: the CPU plugin defaults to bf16 on AVX512-BF16 / AMX CPUs, and bf16 activations turn its
             # dynamic int8 quantization of activations off. f32 + a DQ group is its int8 path (u4/u8 weights
             # with integer zero points, weight groups divisible by the DQ group); group 0 is fp32-exact.
-            config["INFERENCE_PRECISION_HINT"] = "f32"
-            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0 if opts.precision == "exact" else OV_DQ_GROUP
-        blobs = None if opts.cache_dir is None else opts.cache_dir / "openvino"
+            # bf16 (a phase split's prefill half) asks for the matrix engine on purpose, DQ off.
+            _check_bf16(core, bf16)
+            config["INFERENCE_PRECISION_HINT"] = "bf16" if bf16 else "f32"
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = OV_DQ_GROUP if opts.precision == "fast" else 0
+        elif bf16:
+            raise DeviceError(
+                f"precision bf16 is OpenVINO's CPU hint; {target} keeps its own", hint="use fast or exact"
+            )
+        # bf16 blobs beside the f32 ones: the mapped-pages bookkeeping (_compile) reads a folder as one model's
+        blobs = None if opts.cache_dir is None else opts.cache_dir / ("openvino-bf16" if bf16 else "openvino")
         if blobs is not None:
             config["CACHE_DIR"] = str(blobs)
         self._ov = ov
@@ -247,6 +256,18 @@ class OpenVinoRunner:
     def close(self) -> None:
         self.request = None  # type: ignore[assignment]
         self.compiled = None  # type: ignore[assignment]
+
+
+def _check_bf16(core: Any, bf16: bool) -> None:
+    """bf16 only where the CPU has a bf16 path (else OpenVINO would quietly run f32)."""
+    if not bf16:
+        return
+    caps = [str(c) for c in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+    if "BF16" not in caps:
+        raise DeviceError(
+            f"this CPU has no bf16 path (OpenVINO's CPU capabilities: {', '.join(caps)})",
+            hint="run the prefill half at fast or exact",
+        )
 
 
 # the runners of edge's own graphs, by backend (the registry's rows name them; partitions open them by name)

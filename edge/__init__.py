@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         InsufficientMemoryError,
         ModelFormatError,
         ModelNotFoundError,
+        PlanError,
         ToolError,
     )
     from edge.grammar import Grammar
@@ -53,6 +54,7 @@ _LAZY = {
     "ModelNotFoundError": "edge.errors",
     "DeviceError": "edge.errors",
     "DeviceLostError": "edge.errors",
+    "PlanError": "edge.errors",
     "BackendUnavailableError": "edge.errors",
     "ContextOverflowError": "edge.errors",
     "GenerationCancelled": "edge.errors",
@@ -79,6 +81,7 @@ __all__ = [
     "Model",
     "ModelFormatError",
     "ModelNotFoundError",
+    "PlanError",
     "Result",
     "Stream",
     "TokenLogprob",

@@ -33,6 +33,7 @@ def load(
     available_memory: int | None = None,
     on_progress: PullProgress | None = None,
     parallel: int = 1,
+    plan: str | None = None,
 ) -> Model:
     """Load a catalog model (pulled and checked on first use) or a local .gguf file (or `edge convert` output).
 
@@ -52,6 +53,10 @@ def load(
     "download" while it arrives, then "verified" once; None shows it on stderr.
     `parallel`: how many sequences the caller will run at once (`model.slots(n)` splits the model into that
     many, on one copy of the weights); above 1, auto chooses among the backends that batch them.
+    `plan`: the model split by phase, "prefill=B:D[:P],decode=B:D[:P]" (e.g.
+    "prefill=openvino:cpu:bf16,decode=ort:cpu": prompts in bf16 on the matrix engine, tokens on ORT's int8
+    path; P is fast | exact | bf16, default `precision`), one KV cache between the halves, in place of
+    `backend` and `device`; `edge.PlanError` when it does not parse or its halves cannot run together.
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -70,6 +75,7 @@ def load(
         draft_device=draft_device,
         draft_k=draft_k,
         parallel=parallel,
+        plan=plan,
     )
     checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
     return _open(checked, opts)
@@ -79,7 +85,11 @@ def _open(checked: CheckedModel, opts: LoadOptions) -> Model:
     """Where the checked model runs (and that it fits there), opened as a Model with its drafters."""
     fallback = opts.fallback
     request = DeviceRequest(
-        opts.backend, opts.device, "cpu" if fallback is True else (fallback or None), opts.emulate
+        opts.backend,
+        opts.device,
+        "cpu" if fallback is True else (fallback or None),
+        opts.emulate,
+        phases=opts.plan,
     )
     popts = PlannedOptions(
         n_ctx=opts.n_ctx,

@@ -230,10 +230,14 @@ class _PeakRss:
 
 def _open(entry: str, model: CheckedModel, cfg: BenchConfig) -> Decoder:
     if entry in cfg.plans:
+        from edge.devices.phase_split import is_phase_plan
         from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
 
-        emulate = entry == "npu-emulated"
-        request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)
+        if is_phase_plan(entry):  # prefill=...,decode=...: the model split by phase
+            request = DeviceRequest(phases=entry)
+        else:
+            emulate = entry == "npu-emulated"
+            request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)
         popts = PlannedOptions(n_ctx=cfg.n_ctx, threads=cfg.threads, precision=cfg.precision)
         return open_requested(model, request, popts)[0]
     dopts = DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads, precision=cfg.precision)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edge.devices.auto import AUTO
+from edge.devices.phase_split import is_phase_plan, parse_phase_plan
 
 if TYPE_CHECKING:
     from edge.grammar import Grammar
@@ -59,6 +60,9 @@ class BenchConfig:
                 raise ValueError(f"--{name} must be >= 1 (got {value})")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1 (got {self.threads})")
+        for entry in self.plans:  # a phase plan that does not parse fails before anything is measured
+            if is_phase_plan(entry):
+                parse_phase_plan(entry, self.precision)
 
     @property
     def n_ctx(self) -> int:

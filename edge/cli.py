@@ -232,6 +232,16 @@ def _explain(m: Any) -> str:
     if m.plan is not None:
         return f"{m.name}: {m.plan}"
     p = m.placement
+    phases = m.decoder.capabilities().phases
+    if phases is not None:
+        return "\n".join(
+            [
+                f"plan: {m.name} split by phase, one ring-buffer KV ({p.backend} on {p.device})",
+                f"  prefill: {phases.prefill} (forwards of more than {phases.threshold} tokens: prompts)",
+                f"  decode:  {phases.decode} (decode steps, speculative verifies, short turns)",
+                "  why: --plan named the halves",
+            ]
+        )
     note = f" (fallback {p.fallback})" if p.fallback else ""
     what = "llama.cpp owns the graph" if p.backend == "llamacpp" else "edge's graph with the ring-buffer KV"
     lines = [
@@ -404,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "args", nargs="*", metavar="[MODEL] [PROMPT]", help="catalog name or .gguf path, then prompt"
     )
-    add_load_args(run)
+    add_load_args(run, phases=True)
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
     run.add_argument("--top-k", type=int, default=40)
@@ -425,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the terminal chat app (Textual)")
     chat.add_argument("model", nargs="?", default=None, help="catalog name or .gguf path")
-    add_load_args(chat)
+    add_load_args(chat, phases=True)
     chat.add_argument("--system", default="", help="system prompt of new conversations")
     chat.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (default 0.7)")
     chat.add_argument("--max-tokens", type=int, default=512)

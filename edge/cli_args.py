@@ -8,13 +8,27 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["DRAFT_HELP", "add_device_args", "add_load_args", "add_precision", "load_kwargs"]
+__all__ = [
+    "DRAFT_HELP",
+    "PHASE_PLAN_HELP",
+    "add_device_args",
+    "add_load_args",
+    "add_precision",
+    "load_kwargs",
+]
 
 DRAFT_HELP = (
     "speculative decoding: auto (default: prompt lookup, plus a compatible draft model already pulled, on the "
     "own-graph backends ort/openvino; greedy generations are drafted only where that cannot change them: "
     "ort at --precision fast, checked batch-invariant, or --precision exact), none, ngram, "
     "or a draft model (catalog name or .gguf path)"
+)
+
+
+PHASE_PLAN_HELP = (
+    "split the model by phase: prefill=BACKEND:DEVICE[:PRECISION],decode=BACKEND:DEVICE[:PRECISION] (e.g. "
+    "prefill=openvino:cpu:bf16,decode=ort:cpu: prompts in bf16 on the CPU's matrix engine, tokens on ORT's "
+    "int8 path, one KV cache); PRECISION fast | exact | bf16 (openvino:cpu only), default --precision"
 )
 
 
@@ -39,9 +53,12 @@ def add_device_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return group
 
 
-def add_load_args(p: argparse.ArgumentParser) -> None:
-    """Every option of `edge.load` (LoadOptions), for the commands that load one model to answer with it."""
+def add_load_args(p: argparse.ArgumentParser, *, phases: bool = False) -> None:
+    """Every option of `edge.load` (LoadOptions), for the commands that load one model to answer with it;
+    `phases`: --plan too (edge run, chat)."""
     group = add_device_args(p)
+    if phases:
+        group.add_argument("--plan", default=None, metavar="PHASES", help=PHASE_PLAN_HELP)
     group.add_argument(
         "--backend",
         default="auto",
@@ -69,7 +86,9 @@ def add_load_args(p: argparse.ArgumentParser) -> None:
 
 def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`edge.load`'s keywords from what `add_load_args` declared."""
+    plan = vars(args).get("plan")  # declared by the commands that take it
     return {
+        **({} if plan is None else {"plan": plan}),
         "device": args.device,
         "backend": args.backend,
         "fallback": args.fallback or False,

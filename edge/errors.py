@@ -75,6 +75,11 @@ class BackendUnavailableError(DeviceError):
     """A backend's SDK is not installed or cannot load."""
 
 
+class PlanError(DeviceError):
+    """A phase plan (`--plan prefill=B:D[:P],decode=B:D[:P]`) that does not parse, or whose halves cannot run
+    together."""
+
+
 class ContextOverflowError(EdgeError):
     """A prompt or a generation does not fit in the model's context."""
 

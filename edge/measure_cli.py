@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from edge.cli_args import add_device_args
+from edge.cli_args import PHASE_PLAN_HELP, add_device_args
 from edge.errors import EdgeError
 
 
@@ -160,9 +160,9 @@ def add_parsers(sub: Any) -> None:
     ben.add_argument(
         "--plan",
         action="append",
-        metavar="DEVICE",
-        help="also measure a device plan, e.g. hetero:openvino:cpu,ort:cpu or npu-emulated (repeatable); "
-        "reports each partition's time",
+        metavar="PLAN",
+        help="also measure a device plan, e.g. hetero:openvino:cpu,ort:cpu or npu-emulated (repeatable; "
+        "reports each partition's time), or a phase plan: " + PHASE_PLAN_HELP,
     )
     add_device_args(ben)
     ben.add_argument("--prompt-tokens", type=int, default=128)

@@ -21,6 +21,8 @@ class LoadOptions:
     # auto: the backend that measures fastest for this model here (devices/auto.py); None means auto too
     backend: str | None = "auto"
     device: str = "cpu"  # cpu | gpu | npu | auto | hetero:[backend:]device,...
+    # split by phase: "prefill=B:D[:P],decode=B:D[:P]" (devices/phase_split.py); None: one backend runs both
+    plan: str | None = None
     # A device kind to run on when the asked-for one is absent (announced); True means "cpu".
     fallback: bool | str = False
     emulate: bool = False  # --device npu: the NPU-shaped static graphs compiled on the CPU

@@ -474,6 +474,7 @@ def _load_model(settings: ChatSettings, on_progress: PullProgress) -> Model:
         emulate=settings.emulate,
         draft_device=settings.draft_device,
         draft_k=settings.draft_k,
+        plan=settings.plan,
         on_progress=on_progress,
     )
 

@@ -21,6 +21,7 @@ class ChatSettings:
     emulate: bool = False  # --device npu: the NPU-shaped graphs on the CPU
     draft_device: str = "cpu"  # [backend:]device of a draft model
     draft_k: int = 16  # most tokens drafted per step
+    plan: str | None = None  # split by phase: "prefill=B:D[:P],decode=B:D[:P]" (edge chat --plan)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -42,4 +43,5 @@ class ChatSettings:
             self.emulate,
             self.draft_device,
             self.draft_k,
+            self.plan,
         )

@@ -72,12 +72,25 @@ def _batch_slot(path: Path, tmp: Path) -> Decoder:
     return slot
 
 
+def _phase_split(path: Path, tmp: Path) -> Decoder:
+    """Prompts on OpenVINO, the rest on ORT, one KV (devices/phase_split.py); a threshold of 4 tokens sends
+    this file's 12-token forwards to the prefill half and its short ones to the decode half."""
+    from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+    from edge.devices.phase_split import PhaseSplitDecoder
+    from edge.models.gguf_file import open_gguf
+
+    gg = open_gguf(path)
+    halves = [GraphDecoder(gg, GraphOptions(backend=b, capacity=CTX, threads=1)) for b in ("openvino", "ort")]
+    return PhaseSplitDecoder(*halves, threshold=4)
+
+
 # name -> (how to open it, whether it is partitioned)
 CASES: dict[str, tuple[Callable[[Path, Path], Decoder], bool]] = {
     **{name: (_backend(name), False) for name in runnable_backends()},
     "partitioned:ort+openvino": (_partitioned, True),
     "npu-emulated(static)": (_npu_emulated, True),
     "batch-slot(ort)": (_batch_slot, False),
+    "phase-split(openvino+ort)": (_phase_split, False),
 }
 
 
@@ -192,6 +205,19 @@ def test_partitions_when_declared(case: tuple[Decoder, bool]) -> None:
     assert len(before) == len(after) == len(info)
     assert all(b > a for a, b in zip(before, after, strict=True))
     assert all(p.label.endswith(f"{p.backend}:{p.device}") for p in info)
+
+
+def test_phases_when_declared(case: tuple[Decoder, bool], request: pytest.FixtureRequest) -> None:
+    """A phase split names both halves; nothing else declares one."""
+    dec, _ = case
+    phases = dec.capabilities().phases
+    assert (phases is not None) == request.node.callspec.params["case"].startswith("phase-split")
+    if phases is None:
+        return
+    assert (
+        phases.threshold >= 1 and phases.prefill.startswith("openvino:") and phases.decode.startswith("ort:")
+    )
+    assert not dec.capabilities().batch_invariant
 
 
 def test_coreml_is_registered_but_has_no_decoder() -> None:

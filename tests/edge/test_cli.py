@@ -107,6 +107,21 @@ def test_absent_device_lists_what_exists_and_fallback_is_announced() -> None:
     assert_one_line_error(edge("run", "smollm2-135m", "hi", "--device", "gpu", "--emulate"), "--emulate")
 
 
+def test_run_split_by_phase_names_both_halves() -> None:
+    """--plan prefill=...,decode=...: --json names both halves, --explain prints them, a bad plan is one line."""
+    plan = "prefill=openvino:cpu,decode=ort:cpu"
+    args = ("run", "smollm2-135m", "Say hi", "--plan", plan, "--json", "--explain", "--max-tokens", "2")
+    proc = edge(*args)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (out["backend"], out["device"]) == ("openvino+ort", "cpu")
+    assert "split by phase" in proc.stderr
+    assert "prefill: openvino:cpu:fast" in proc.stderr and "decode:  ort:cpu:fast" in proc.stderr
+    assert_one_line_error(edge("run", "smollm2-135m", "hi", "--plan", "prefill=ort:cpu"), "both halves")
+    bad = edge("run", "smollm2-135m", "hi", "--plan", plan, "--backend", "ort")
+    assert_one_line_error(bad, "no --backend")
+
+
 @pytest.mark.slow
 def test_run_json_greedy_equals_llama_cpp_python() -> None:
     import llama_cpp

@@ -1,0 +1,239 @@
+"""One model split by phase: prompts on one graph (backend, device, precision), decode steps on another, over one
+ring-buffer KV cache that this decoder owns.
+
+A prompt chunk is a big matrix product (a matrix engine's work: OpenVINO in bf16); a decode step reads every
+weight once for one row (the int8 paths' work: ORT at fast). `PhaseSplitDecoder` holds two `GraphDecoder`s of
+the same file and KV geometry and builds each step's inputs against its own cache with the chosen half's
+`step_feeds` (as a batch slot does, devices/batch.py), runs that half's graph and commits the new K/V itself.
+The halves' own caches are never written (zero pages, not resident).
+
+Which half runs a forward depends on its length only: more than `threshold` tokens (default WINDOW, the most a
+staged window carries) is a prompt, every chunk of it on the prefill half (its last, shorter chunk too); the
+rest (decode steps, speculative verifies, a short follow-up turn) run on the decode half, whose staging the
+split keeps (`staged`: RingDecoder.forward cuts short forwards at window ends).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge.devices.base import Capabilities, PhaseSplit
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.precision import BF16, HALF_PRECISIONS
+from edge.devices.ring_decoder import RingDecoder
+from edge.errors import PlanError
+from edge.kvcache.staging import WINDOW
+from edge.models.gguf_file import GGUFFile
+
+__all__ = [
+    "PhaseHalf",
+    "PhasePlan",
+    "PhaseSplitDecoder",
+    "is_phase_plan",
+    "open_phase_split",
+    "parse_phase_plan",
+]
+
+PLAN_SYNTAX = "prefill=BACKEND:DEVICE[:PRECISION],decode=BACKEND:DEVICE[:PRECISION]"
+GRAPH_BACKENDS = ("ort", "openvino")  # a half runs edge's own graph (llama.cpp owns its KV)
+
+
+@dataclass(frozen=True)
+class PhaseHalf:
+    backend: str
+    device: str
+    precision: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}:{self.device}:{self.precision}"
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """`--plan prefill=B:D[:P],decode=B:D[:P]`: which (backend, device, precision) runs each phase."""
+
+    prefill: PhaseHalf
+    decode: PhaseHalf
+    precision: str  # the run's --precision (a half that names none takes it)
+
+    @property
+    def backend(self) -> str:
+        """What `edge run --json` names as the backend: both halves, a precision where it is not the run's
+        (e.g. "openvino:bf16+ort")."""
+        return "+".join(
+            h.backend + ("" if h.precision == self.precision else f":{h.precision}")
+            for h in (self.prefill, self.decode)
+        )
+
+    @property
+    def device(self) -> str:
+        return "+".join(dict.fromkeys((self.prefill.device, self.decode.device)))
+
+
+def is_phase_plan(text: str) -> bool:
+    """Whether a --plan value is a phase plan (else a device plan: hetero:..., npu-emulated)."""
+    return "prefill=" in text or "decode=" in text
+
+
+def _half(phase: str, spec: str, precision: str) -> PhaseHalf:
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise PlanError(
+            f"--plan {phase}={spec!r} is not BACKEND:DEVICE[:PRECISION]", hint=f"e.g. {PLAN_SYNTAX}"
+        )
+    backend, device = parts[0], parts[1]
+    prec = parts[2] if len(parts) == 3 else precision
+    if backend not in GRAPH_BACKENDS:
+        raise PlanError(
+            f"--plan {phase} names {backend!r}; a phase's half runs edge's own graph: ort or openvino",
+            hint="llama.cpp holds its own KV cache, so it cannot share one with another half",
+        )
+    if prec not in HALF_PRECISIONS:
+        raise PlanError(f"--plan {phase} precision {prec!r} is not one of {', '.join(HALF_PRECISIONS)}")
+    if prec == BF16 and (backend, device) != ("openvino", "cpu"):
+        raise PlanError(
+            f"--plan {phase}={spec}: bf16 is OpenVINO's CPU precision", hint="use openvino:cpu:bf16"
+        )
+    return PhaseHalf(backend, device, prec)
+
+
+def parse_phase_plan(text: str, precision: str) -> PhasePlan:
+    """A phase plan from its text; `precision` is the run's, for halves that name none. PlanError when it does
+    not parse."""
+    halves: dict[str, PhaseHalf] = {}
+    for item in text.split(","):
+        phase, eq, spec = item.strip().partition("=")
+        if not eq or phase not in ("prefill", "decode"):
+            raise PlanError(
+                f"--plan {text!r}: {item.strip()!r} is not prefill=... or decode=...", hint=PLAN_SYNTAX
+            )
+        if phase in halves:
+            raise PlanError(f"--plan {text!r} names {phase} twice", hint=PLAN_SYNTAX)
+        halves[phase] = _half(phase, spec.strip(), precision)
+    if set(halves) != {"prefill", "decode"}:
+        raise PlanError(f"--plan {text!r} must name both halves", hint=PLAN_SYNTAX)
+    return PhasePlan(halves["prefill"], halves["decode"], precision)
+
+
+def _check_geometry(prefill: GraphDecoder, decode: GraphDecoder) -> None:
+    """Both halves must read and write the same KV: the same layers, KV heads, head size, layer kinds and slots."""
+    a, b = prefill.cfg, decode.cfg
+    pairs = {
+        "layers": (a.n_layer, b.n_layer),
+        "KV heads": (a.n_head_kv, b.n_head_kv),
+        "head size": (a.head_dim, b.head_dim),
+        "vocabulary": (a.n_vocab, b.n_vocab),
+        "layer kinds": (prefill._kinds, decode._kinds),
+        "KV slots": (prefill.options.capacity, decode.options.capacity),
+    }
+    differ = [f"{k} {x} vs {y}" for k, (x, y) in pairs.items() if x != y]
+    if differ:
+        raise PlanError(
+            f"the phase halves do not share a KV geometry ({'; '.join(differ)})",
+            hint="both halves must run the same model file with the same context size",
+        )
+    if prefill.options.static_shapes or decode.options.static_shapes:
+        raise PlanError("a phase half with static shapes (NPU-shaped) is not in this version of edge")
+
+
+class PhaseSplitDecoder(RingDecoder):
+    """`Decoder` whose prompts run on one graph decoder and whose decode steps run on another (module docstring)."""
+
+    def __init__(
+        self,
+        prefill: GraphDecoder,
+        decode: GraphDecoder,
+        *,
+        threshold: int = WINDOW,
+        labels: tuple[str, str] | None = None,
+        backend: str | None = None,
+    ) -> None:
+        _check_geometry(prefill, decode)
+        if threshold < 1:
+            raise ValueError(f"the phase threshold must be >= 1 token, got {threshold}")
+        self._halves = (prefill, decode)
+        self._threshold = threshold
+        self._labels = labels or tuple(f"{h.backend}:{h.device}:{h.options.precision}" for h in self._halves)
+        self.backend = backend or f"{prefill.backend}+{decode.backend}"
+        self.device = "+".join(dict.fromkeys((prefill.device, decode.device)))
+        self.staged = decode.staged  # short forwards are the decode half's, cut at its windows
+        self.first_run_costs = prefill.first_run_costs or decode.first_run_costs
+        opts = decode.options
+        self._init_ring(
+            decode.cfg,
+            opts.capacity,
+            sink=opts.sink,
+            policy=opts.policy,
+            max_rollback=opts.max_rollback,
+            prefill_chunk=opts.prefill_chunk,
+            bind_all=False,
+        )
+        self._long = False  # the forward being run goes to the prefill half
+        self.seconds = [0.0, 0.0]  # graph time of each half since load (prefill, decode)
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        # NOTE: the whole forward's length picks the half, so a prompt's last, short chunk stays on it
+        self._long = len(tokens) > self._threshold
+        return super().forward(tokens, last_only=last_only)
+
+    def _step(
+        self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
+    ) -> np.ndarray:
+        i = 0 if self._long else 1
+        half = self._halves[i]
+        view = self.cache.begin(len(ids))
+        if view.dropped:
+            raise self._overflowed()
+        feeds = half.step_feeds(self, view, ids, last_only, window=window, score=score)
+        t0 = time.perf_counter()
+        out = half.run(feeds)
+        self.seconds[i] += time.perf_counter() - t0
+        self.cache.commit(out[1::2], out[2::2])
+        return out[0][0]
+
+    def capabilities(self) -> Capabilities:
+        # NOTE: not batch-invariant: a prompt's rows come from another graph than a decode step's
+        phases = PhaseSplit(self._labels[0], self._labels[1], self._threshold)
+        return Capabilities(
+            max_rollback=self.max_rollback,
+            sinks=self,
+            staged=self.staged,
+            first_run_costs=self.first_run_costs,
+            truncation=self,
+            phases=phases,
+        )
+
+    def close(self) -> None:
+        for half in self._halves:
+            half.close()
+
+
+def open_phase_split(
+    gguf: GGUFFile, plan: PhasePlan, *, capacity: int, threads: int | None = None
+) -> PhaseSplitDecoder:
+    """Both halves of `plan` on the file (each builds or reuses its cached graph), as one decoder."""
+
+    def half(h: PhaseHalf) -> GraphDecoder:
+        opts = GraphOptions(
+            backend=h.backend, device=h.device, capacity=capacity, threads=threads, precision=h.precision
+        )
+        return GraphDecoder(gguf, opts)
+
+    prefill = half(plan.prefill)
+    try:
+        decode = half(plan.decode)
+    except BaseException:
+        prefill.close()
+        raise
+    try:
+        labels = (plan.prefill.label, plan.decode.label)
+        return PhaseSplitDecoder(prefill, decode, labels=labels, backend=plan.backend)
+    except BaseException:
+        prefill.close()
+        decode.close()
+        raise
