@@ -55,7 +55,7 @@ def add_device_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
 
 def add_load_args(p: argparse.ArgumentParser, *, phases: bool = False) -> None:
     """Every option of `edge.load` (LoadOptions), for the commands that load one model to answer with it;
-    `phases`: --plan too (edge run, chat)."""
+    `phases`: --plan too (edge run, chat, serve)."""
     group = add_device_args(p)
     if phases:
         group.add_argument("--plan", default=None, metavar="PHASES", help=PHASE_PLAN_HELP)

@@ -63,7 +63,7 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, the time requests in flight get to finish (default 5)",
     )
-    add_load_args(srv)
+    add_load_args(srv, phases=True)
     srv.set_defaults(func=cmd_serve)
 
 

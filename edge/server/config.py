@@ -30,6 +30,7 @@ class LoadSettings:
     draft_device: str = "cpu"
     draft_k: int = 16
     emulate: bool = False  # --device npu: the NPU-shaped graphs on the CPU
+    plan: str | None = None  # a phase plan (prefill=...,decode=...: devices/phase_split.py), or None
 
 
 @dataclass(frozen=True)

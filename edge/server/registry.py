@@ -46,6 +46,7 @@ def load_model(ref: str, settings: LoadSettings, n_threads: int | None, parallel
         emulate=settings.emulate,
         precision=settings.precision,
         parallel=parallel,
+        plan=settings.plan,
     )
 
 

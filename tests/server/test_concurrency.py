@@ -352,3 +352,16 @@ def _soak(url: str, server: psutil.Process, rng: random.Random) -> None:
     assert h["batch"]["mean_batch"] > 2
     # the first round grows the runtime's arenas to the batched shapes; after it, flat
     assert rss[-1] < rss[1] * 1.05, f"the server's RSS grew: {[r >> 20 for r in rss]} MiB"
+
+
+def test_serve_takes_a_phase_plan(start_server: Callable[..., Server]) -> None:
+    """`edge serve --plan prefill=...,decode=...`: prompts on one graph, tokens on another; at exact the answer
+    is the single backend's, and the response names both halves."""
+    msgs = [{"role": "user", "content": "w1 " * 40}]
+    body = {"model": "tiny.gguf", "messages": msgs, "max_tokens": 12, "temperature": 0}
+    alone = start_server(backend="ort", precision="exact")
+    split = start_server(backend=None, precision="exact", plan="prefill=openvino:cpu,decode=ort:cpu")
+    want = httpx.post(alone.url + "/v1/chat/completions", json=body, timeout=60).json()
+    got = httpx.post(split.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+    assert "+" in got["edge"]["backend"], got["edge"]  # e.g. openvino+ort:cpu
