@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from benchmarks.function_calling import DATA, right_arguments, same_value, score
+from benchmarks.function_calling import DATA, right_arguments, right_in_text, same_value, score, subset
 from edge.tools import parse_tools
 
 CASES = json.loads(DATA.read_text())
@@ -55,3 +55,25 @@ def test_score_separates_valid_function_and_arguments() -> None:
     assert [row[k] for k in checks] == [False, False, False]
     row = score(SimpleNamespace(tool_calls=None, content="It is noon."), case, fns)
     assert row["text"] == "It is noon." and not row["valid"]
+
+
+def test_every_keeps_each_category_share() -> None:
+    kept = subset(CASES["cases"], 2, None)
+    for cat in ("simple", "multiple"):
+        ids = [c["id"] for c in CASES["cases"] if c["category"] == cat]
+        assert [c["id"] for c in kept if c["category"] == cat] == ids[::2]
+    assert subset(CASES["cases"], 1, 3) == CASES["cases"][:3]
+
+
+def test_a_call_left_in_text_is_scored_apart() -> None:
+    case = next(c for c in CASES["cases"] if c["id"] == "multiple_4")  # get_time_zone(city=Sydney)
+    fenced = '```json\n{"name": "get_time_zone", "arguments": {"city": "Sydney"}}\n```'
+    assert right_in_text({"n_calls": 0, "text": fenced}, case)
+    assert right_in_text(
+        {"n_calls": 0, "text": '{"name": "get_time_zone", "arguments": {"city": "Sydney"}}.'}, case
+    )
+    assert not right_in_text(
+        {"n_calls": 0, "text": '{"name": "get_weather", "arguments": {"city": "Sydney"}}'}, case
+    )
+    assert not right_in_text({"n_calls": 0, "text": "It is noon in Sydney."}, case)
+    assert not right_in_text({"n_calls": 1, "text": None}, case)
