@@ -114,7 +114,8 @@ class BatchEngine:
         self.steps = 0  # runs made, and the pieces and tokens they carried (for /health and tests)
         self.pieces = 0
         self.tokens = 0
-        self.mixed_steps = 0  # runs that carried a prompt piece beside decode rows
+        # runs that carried a many-token piece (a prompt chunk, a verify) beside other slots' one-token steps
+        self.mixed_steps = 0
         self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
         self._thread.start()
 
@@ -160,11 +161,18 @@ class BatchEngine:
 
     # -- the engine thread -----------------------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            batch = self._gather()
-            if batch is None:
-                return
-            self._step(batch)
+        try:
+            while True:
+                batch = self._gather()
+                if batch is None:
+                    return
+                self._step(batch)
+        finally:  # however the thread ends, nobody waits for it: the pieces still waiting fail
+            with self._cond:
+                self._closed, waiting, self._waiting = True, self._waiting, []
+            for p in waiting:
+                p.error = DeviceError("the batch engine stopped", hint="load the model again")
+                p.done.set()
 
     def _gather(self) -> list[_Piece] | None:
         """The pieces of the next step: wait for one, then up to `linger` for the last step's slots."""
@@ -204,8 +212,8 @@ class BatchEngine:
         self.steps += 1
         self.pieces += len(batch)
         self.tokens += sum(p.n for p in batch)
-        sizes = {p.n == 1 for p in batch}
-        self.mixed_steps += len(sizes) == 2
+        rows = {p.n > 1 for p in batch}
+        self.mixed_steps += len(rows) == 2
         for p, o in zip(batch, parts, strict=True):
             p.out, p.batch = o, len(batch)
             p.done.set()
@@ -320,7 +328,14 @@ class SlotDecoder(RingDecoder):
         base = self._engine.base
         feeds = base.step_feeds(self, view, ids, last_only, window=window, score=score)
         piece = _Piece(self, feeds)
-        out = self._engine.run(piece)
+        try:
+            out = self._engine.run(piece)
+        except DeviceError as exc:  # the packed run failed: said from this slot's KV, not the shared graph's
+            raise DeviceError(
+                f"{self.backend} failed on {self.device} at position {self.cache.position} (a batch step): "
+                f"{exc.message}",
+                hint="load the model again",
+            ) from exc
         self.ridden = (self.ridden[0] + 1, self.ridden[1] + piece.batch)
         self.cache.commit(out[1::2], out[2::2])
         return out[0][0]
@@ -342,14 +357,17 @@ class SlotDecoder(RingDecoder):
         beyond them, and rolls back only what it wrote)."""
         if not isinstance(other, SlotDecoder) or other is self or other._engine is not self._engine:
             return 0
-        if self.cache.sink != other.cache.sink:
-            self.set_sink(other.cache.sink)  # the sinks the source's conversation pinned (empties this KV)
         first, second = sorted((self, other), key=id)  # one lock order: two slots copying both ways
         with first._lock, second._lock:
             src = other.cache
             n = min(count(), src.position)
-            if n <= 0 or src.truncate_limit != src.position or self.cache.sink != src.sink:
-                return 0
+            if n <= 0 or src.truncate_limit != src.position:
+                return 0  # nothing changed
+            if self.cache.sink != src.sink:
+                # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely
+                # asks for the same (one system prompt); set_sink would take the lock held here
+                self.cache = self._new_cache(src.sink)
+                self._set_chunk()
             self.cache.copy_prefix(src, n)
         return n
 

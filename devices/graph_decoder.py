@@ -24,7 +24,7 @@ from edge.devices.mapped import release_heap
 from edge.devices.precision import BF16, check_precision, graph_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
-from edge.errors import ModelFormatError
+from edge.errors import DeviceError, ModelFormatError
 from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
@@ -157,6 +157,7 @@ class GraphDecoder(RingDecoder):
         opts = options or GraphOptions()
         make_runner = graph_runner(opts.backend)  # an unknown backend fails before the graph is built
         self.options = opts
+        self._batched = False  # split into slots (`slots`): the batch engine runs the graph from then on
         cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
         check_tensor_shapes(cfg, {name: t.shape for name, t in gguf.tensors.items()})
         self.backend, self.device = opts.backend, opts.device
@@ -229,6 +230,8 @@ class GraphDecoder(RingDecoder):
     def _step(
         self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
     ) -> np.ndarray:
+        if self._batched:  # its graph is the batch engine's now: two threads on one runner would race
+            raise DeviceError("this decoder was split into slots; use the slots", hint="see Model.slots")
         view = self.cache.begin(len(ids))
         if view.dropped:
             raise self._overflowed()
@@ -242,8 +245,14 @@ class GraphDecoder(RingDecoder):
         return self._run(self.runner, feeds, self._outputs)
 
     def slots(self, n: int) -> list[Decoder]:
-        """`Batching`: n decoders, each its own KV, sharing this graph (devices/batch.py)."""
-        return batched(self, n)
+        """`Batching`: n decoders, each its own KV, sharing this graph (devices/batch.py). Once: this decoder
+        no longer steps on its own (the engine's thread runs its graph), and its own KV is freed."""
+        if self._batched:
+            raise DeviceError("this decoder was split into slots already", hint="load the model again")
+        slots = batched(self, n)
+        self._batched = True
+        self.cache = self._new_cache(self.cache.sink)  # NOTE: a fresh ring's buffers are untouched zero pages
+        return slots
 
     def step_feeds(
         self,

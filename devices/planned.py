@@ -61,9 +61,8 @@ class PlannedOptions:
     static_capacity: int = 1024  # static plans: KV slots (the ring wraps beyond, keeping sinks)
     precision: str = "fast"  # every partition's: fast | exact
     available_memory: int | None = None  # bytes to assume free for the memory check; None measures it
-    batching: bool = (
-        False  # sequences will run at once: auto prefers the backends that batch (devices/auto.py)
-    )
+    # sequences will run at once: auto prefers the backends that batch (devices/auto.py)
+    batching: bool = False
 
 
 def _ranges(plan: Plan) -> str:

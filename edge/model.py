@@ -245,6 +245,10 @@ class Model:
         """One generation at a time: other threads wait; a second one started by the same thread (two
         streams iterated in turn) would interleave tokens into one KV cache, so it is refused."""
         with self._lock:
+            if self._handed_over:
+                raise EdgeError(
+                    f"{self.name} was split into slots: generate on the slots", hint="see Model.slots"
+                )
             if self._busy:
                 raise EdgeError(
                     "this model is already generating (an unfinished stream in this thread)",
@@ -732,13 +736,19 @@ class Model:
             if self.speculative is not None:
                 self.speculative.close()
                 self.speculative = None
-        models = [self._slot_model(d, lookup=lookup) for d in decoders]
-        for m in models:
-            m.batch_engine = engine
+        models: list[Model] = []
+        try:
+            for d in decoders:
+                models.append(self._slot_model(d, lookup=lookup))
+                models[-1].batch_engine = engine
+        except BaseException:
+            for d in decoders:  # the last one closed stops the engine and frees the weights
+                d.close()
+            raise
         return models
 
     def adopt_prefix(self, other: Model, ids: Sequence[int]) -> int:
-        """Before a generation of `ids` on this slot: where `other` (a sibling slot, not generating now) holds a
+        """Before a generation of `ids` on this slot: where `other` (a sibling slot, generating or not) holds a
         longer prefix of them than this one does, copy its KV instead of computing it. Returns the ids copied."""
         copy = self.decoder.capabilities().prefix_copy
         if copy is None or other is self:
@@ -768,7 +778,9 @@ class Model:
         return None if self._slot is None else self._slot.ridden
 
     def _slot_model(self, decoder: Decoder, *, lookup: bool) -> Model:
-        m = Model(self.checked, decoder, self.placement, device_plan=self.device_plan, options=self.options)
+        # NOTE: no fallback per slot: each would open a whole copy of the weights when the shared graph fails
+        options = replace(self.options, fallback=False)
+        m = Model(self.checked, decoder, self.placement, device_plan=self.device_plan, options=options)
         m._slot = decoder if isinstance(decoder, SlotDecoder) else None
         if lookup:
             o = self.options

@@ -42,6 +42,10 @@ class LoadOptions:
     # batch them in one forward (the own graphs), unless only llama.cpp runs the file.
     parallel: int = 1
 
+    def __post_init__(self) -> None:
+        if self.parallel < 1:
+            raise ValueError(f"parallel must be >= 1 (got {self.parallel})")
+
 
 @dataclass(frozen=True)
 class GenerateOptions:

@@ -454,9 +454,8 @@ class RingKVCache:
         for sp in self._slot_pos:
             sp[sp >= keep] = -1
         self._position = keep
-        self._undo.clear()
-        self._undo_tokens = 0
         self._pending = None
+        self._fresh_undo()
 
     def copy_prefix(self, src: RingKVCache, n: int) -> None:
         """Hold the first n tokens `src` holds, copied (another sequence with the same prompt prefix: a shared
@@ -476,6 +475,23 @@ class RingKVCache:
         for sp in self._slot_pos:
             sp[:n] = np.arange(n)
         self._position = self._high = n
+        self._fresh_undo()
+
+    def _fresh_undo(self) -> None:
+        """The undo log a prefill of the tokens held would have left (after a deep truncate or a copy, both
+        before any wrap): the last max_rollback positions wrote slots that held nothing, so undoing them
+        empties those slots; rollback(max_rollback) keeps working after a later wrap."""
+        t = min(self._max_rollback, self._position)
+        self._undo.clear()
+        self._undo_tokens = 0
+        if not t:
+            return
+        pos = np.arange(self._position - t, self._position, dtype=np.int64)
+        slots = [self._slots(kind, pos) for kind in self._kinds]
+        old_pos = [np.full(t, -1, np.int64) for _ in self._kinds]
+        zeros = [np.zeros((len(g.layers), t, *g.k.shape[3:]), self._dtype) for g in self._groups]
+        self._undo.append(_Undo(slots, old_pos, zeros, [z.copy() for z in zeros]))
+        self._undo_tokens = t
 
     def reset(self) -> None:
         """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""

@@ -371,6 +371,7 @@ def _extra(result: Result, job: Job) -> dict[str, Any]:
         "decode_tok_s": round(s.decode_tok_s, 1),
         "queue_ms": round(job.queue_ms, 2),
         "batch": None if job.batch is None else round(job.batch, 2),  # mean requests per step it rode in
+        "copied_tokens": job.copied,  # prompt tokens whose KV was copied from another slot (in cached_tokens)
         "cached_tokens": s.n_cached_tokens,
         "stop_reason": "shutdown" if cut else s.stop_reason,
         "backend": f"{result.backend}:{result.device}",

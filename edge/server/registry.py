@@ -128,6 +128,11 @@ class Registry:
         n = self.config.parallel
         log.info("loading model %s%s", ref, "" if n == 1 else f" for {n} requests at once")
         t0 = time.monotonic()
+        if n > 1 and self.config.load.draft not in (None, "auto", "ngram", "none"):
+            # a draft model per slot would be a copy each (Model.slots refuses it): replicas, each with its draft
+            log.info("%s: draft model %s: %d replicas, not slots", ref, self.config.load.draft, n)
+            models = self._replicas(ref, n)
+            return self._scheduler(ref, models, t0, batched=False)
         first = self._loader(ref, self.config.load, self.config.load.n_threads, n)
         batched = n > 1 and first.batches
         if n == 1:
@@ -145,6 +150,9 @@ class Registry:
             log.info("%s: %s does not batch sequences: %d replicas, %s threads each",
                      ref, backend, n, self._replica_threads() or "default")  # fmt: skip
             models = self._replicas(ref, n)
+        return self._scheduler(ref, models, t0, batched=batched)
+
+    def _scheduler(self, ref: str, models: list[edge.model.Model], t0: float, *, batched: bool) -> Scheduler:
         m = models[0]
         note = f", fallback {m.fallback}" if m.fallback else ""
         auto = m.placement.auto

@@ -35,7 +35,7 @@ __all__ = ["Done", "Failed", "Job", "JobRecord", "QueueFull", "Scheduler", "Serv
 
 
 class QueueFull(EdgeError):
-    """Every replica is busy and the queue is full; `retry_after` is an estimate in seconds."""
+    """Every replica (or slot) is busy and the queue is full; `retry_after` is an estimate in seconds."""
 
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message, hint=f"retry after {retry_after} s")
@@ -61,8 +61,8 @@ class Failed:
 
 @dataclass(eq=False)  # identity: jobs sit in sets and queues
 class Job:
-    """One generation: `run(model, cancel)` is called on a worker thread with a replica and must return the
-    Result; it reports text pieces through `emit`."""
+    """One generation: `run(model, cancel)` is called on a worker thread with a replica or slot and must return
+    the Result; it reports text pieces through `emit`."""
 
     prompt_ids: Sequence[int]
     run: Callable[[Model, Callable[[], bool], Callable[[str], None]], Result]
@@ -138,16 +138,24 @@ class _Worker:
             self._run(job)
             self.scheduler._finished(self, job)
 
+    def _adopt(self, job: Job) -> None:
+        """Copy the longest prefix of the job's prompt a sibling slot holds, where it beats this slot's own
+        (read now, not at dispatch: a sibling may have prefilled more since)."""
+        if not job.siblings:
+            return
+        ids = job.prompt_ids
+        best = max(job.siblings, key=lambda m: common_prefix(m.session.holding(), ids))
+        if common_prefix(best.session.holding(), ids) > common_prefix(self.model.session.holding(), ids):
+            job.copied = self.model.adopt_prefix(best, ids)
+
     def _run(self, job: Job) -> None:
         job.started = time.monotonic()
         if job.cancelled.is_set():  # nobody waits for it, or the shutdown cut it before it began
             job.put(Failed(ServerStopping() if job.shutdown else asyncio.CancelledError()))
             return
-        if job.siblings:  # read now, not at dispatch: a sibling may have prefilled more since
-            best = max(job.siblings, key=lambda m: common_prefix(m.session.holding(), job.prompt_ids))
-            job.copied = self.model.adopt_prefix(best, job.prompt_ids)
         before = self.model.ridden()
         try:
+            self._adopt(job)
             result = job.run(self.model, job.poll, job.put)
         except BaseException as exc:  # handed to the request; the worker goes on
             job.put(Failed(exc))
@@ -161,7 +169,7 @@ class _Worker:
 
 
 class Scheduler:
-    """The queue and the workers of one model name (each worker owns one replica)."""
+    """The queue and the workers of one model name (each worker owns one replica, or one slot of a batch)."""
 
     def __init__(self, replicas: Sequence[Model], queue_size: int, *, batched: bool = False) -> None:
         if not replicas:

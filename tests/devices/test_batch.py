@@ -59,7 +59,7 @@ def _options(backend: str, staged: bool, capacity: int) -> GraphOptions:
         capacity=capacity,
         sink=2,
         threads=1,
-        prefill_chunk=WINDOW,
+        prefill_chunk=WINDOW + 8,  # prompt chunks longer than a staging window: one rides in a step
         max_rollback=8,
     )
 

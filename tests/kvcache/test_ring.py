@@ -331,7 +331,7 @@ def test_truncate_beyond_the_undo_log_before_a_wrap_equals_the_shorter_sequence(
     ks, vs = new_kv(shorter, 7, rng)
     step_with(shorter, [k[:, :5] for k in ks], [v[:, :5] for v in vs])
     assert_same_state(cache, shorter)
-    assert cache.rollback_limit == 0  # the undo log was of the dropped tokens
+    assert cache.rollback_limit == 3  # the undo log a prefill of the 5 kept would have left
     feed(cache, 3, seed=9)
     feed(shorter, 3, seed=9)
     assert_same_state(cache, shorter)
@@ -361,8 +361,36 @@ def test_copy_prefix_equals_a_prefill_of_those_tokens() -> None:
     feed(src, 30, seed=1)  # wrapped: its first positions are gone from their slots
     with pytest.raises(RollbackError):
         dst.copy_prefix(src, 10)
-    with pytest.raises(ValueError):
-        dst.copy_prefix(RingKVCache(layers, sink=3), 1)
+    other = RingKVCache([LayerSpec(2, 4, 48), LayerSpec(1, 2, 40)], sink=2)
+    feed(other, 3)
+    with pytest.raises(ValueError, match="geometry"):
+        dst.copy_prefix(other, 1)
+
+
+def test_rollback_keeps_its_guarantee_after_a_copy_or_truncate_and_a_wrap() -> None:
+    """A copy (or a deep truncate) leaves the undo log a prefill would have: after the ring wraps, rollback of
+    max_rollback tokens still restores the state exactly."""
+    layers = [LayerSpec(2, 4, 40)]
+    src = RingKVCache(layers, sink=2, max_rollback=8)
+    feed(src, 18, seed=2)
+    copied = RingKVCache(layers, sink=2, max_rollback=8)
+    copied.copy_prefix(src, 18)
+    truncated = RingKVCache(layers, sink=2, max_rollback=8)
+    feed(truncated, 30, seed=2)
+    truncated.truncate(12)  # deep: beyond the 8-token undo log
+    for cache in (copied, truncated):
+        plain = RingKVCache(layers, sink=2, max_rollback=8)
+        feed(plain, 18, seed=2)
+        assert_same_state(cache, plain)
+        assert cache.rollback_limit == plain.rollback_limit == 8
+        feed(cache, 25, seed=5)  # wraps
+        feed(plain, 25, seed=5)
+        cache.rollback(8)
+        plain.rollback(8)
+        assert_same_state(cache, plain)
+        cache.rollback(cache.rollback_limit)
+        plain.rollback(plain.rollback_limit)
+        assert_same_state(cache, plain)
 
 
 def test_rollback_limits() -> None:
