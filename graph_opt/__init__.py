@@ -67,6 +67,8 @@ _WHERE = {
     "skip_rmsnorm": "rmsnorm",
     "specialize": "specialize",
     "specialize_shapes": "specialize",
+    "target_model": "pipeline",
+    "target_passes": "pipeline",
     "target_proto": "pipeline",
 }
 

@@ -12,7 +12,7 @@ passes; such a caller would tag its linears with `emit_linear` first).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,6 +30,7 @@ from edge.graph_opt.forms import (
     read_float,
     unknown_form,
 )
+from edge.graph_opt.spill import WeightSpill
 from edge.graph_opt.weight import BlockWeight, pack_codes, unpack_codes
 
 __all__ = [
@@ -181,16 +182,28 @@ def emit_linear(
 # Lookup
 
 
-def linears_in(model: ir.Model) -> list[Linear]:
-    """The graph's linear layers, from their tags, in graph order (of their outputs)."""
+def _groups(model: ir.Model) -> list[tuple[str, list[ir.Node]]]:
     groups: dict[str, list[ir.Node]] = {}
     for node in model.graph:
         name = node.metadata_props.get(NAME_KEY)
         if name is not None:
             groups.setdefault(name, []).append(node)
-    found = [_read(name, nodes) for name, nodes in groups.items()]
     order = {id(n): i for i, n in enumerate(model.graph)}
-    return sorted(found, key=lambda lin: order[id(lin.nodes[-1])])
+    return sorted(groups.items(), key=lambda item: order[id(item[1][-1])])
+
+
+def linears_in(model: ir.Model) -> list[Linear]:
+    """The graph's linear layers, from their tags, in graph order (of their outputs)."""
+    return [_read(name, nodes) for name, nodes in _groups(model)]
+
+
+def iter_linears(model: ir.Model, spill: WeightSpill | None = None) -> Iterator[Linear]:
+    """`linears_in`, each read when it is reached: a pass that replaces linears one by one holds one linear's
+    decoded weight, not the model's. With `spill`, the graph is settled after each (graph_opt/spill.py)."""
+    for name, nodes in _groups(model):
+        yield _read(name, nodes)
+        if spill is not None:
+            spill.settle(model)
 
 
 def _read(name: str, nodes: Sequence[ir.Node]) -> Linear:

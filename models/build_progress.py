@@ -1,0 +1,129 @@
+"""A graph build's progress (an own graph, `edge convert`'s partitions, a device plan): what `edge.load`'s
+`on_progress` and the displays see while a model is built once for a backend.
+
+The caller names where progress goes with `reporting(on_progress)` (a context, so the layers between the API
+and the builders need not carry it); the builders report through `BuildTask`. `on_progress(done, total,
+phase)` gets phase "build" with done/total counted in the build's steps (one per layer and one for the head
+as they are built, one per graph pass, one for writing the graph), first (0, total) as the build starts and
+last (total, total). Without a callback it goes to stderr (never stdout: `edge run --json` keeps stdout one
+object): a line naming what is built, that it happens once per model and where it is cached, then a bar on a
+terminal or a plain line every few seconds elsewhere (a server's log, a script, CI), and the time it took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from pathlib import Path
+from typing import IO, TypeAlias
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["BUILD_PHASE", "BuildProgress", "BuildTask", "StderrBuildProgress", "reporting"]
+
+BUILD_PHASE = "build"
+BuildProgress: TypeAlias = Callable[[int, int, str], None]  # the pull's shape (models/store.PullProgress)
+
+_SINK: ContextVar[BuildProgress | None] = ContextVar("edge_build_progress", default=None)
+_REPORT_S = 0.1  # a callback hears a build at most this often, besides its first and last step
+
+
+@contextlib.contextmanager
+def reporting(on_progress: BuildProgress | None) -> Iterator[None]:
+    """Builds started inside report to `on_progress` (None: to stderr, see StderrBuildProgress)."""
+    token = _SINK.set(on_progress)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
+
+
+class StderrBuildProgress:
+    """The default display of a build: its announcement, then a bar on a terminal or a plain line every
+    `every_s` seconds elsewhere, then one line with the time it took."""
+
+    def __init__(
+        self, what: str, where: Path, stream: IO[str] | None = None, *, every_s: float = 5.0
+    ) -> None:
+        self.what, self.where = what, where
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self._bar: Progress | None = None
+        self._task = 0
+        self._t0 = self._last_t = time.monotonic()
+
+    def start(self, total: int) -> None:
+        print(f"building {self.what} (once per model; cached in {self.where})", file=self.stream, flush=True)
+        if self.stream.isatty():
+            self._bar = Progress(
+                TextColumn("[bold]building"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("steps"),
+                TimeElapsedColumn(),
+                transient=True,
+                console=Console(file=self.stream),
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("build", total=total)
+
+    def __call__(self, done: int, total: int, phase: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total)
+            return
+        now = time.monotonic()
+        if now - self._last_t >= self.every_s and done < total:
+            self._last_t = now
+            print(f"building: {done}/{total} steps, {now - self._t0:.0f} s", file=self.stream, flush=True)
+
+    def finish(self, ok: bool) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        took = time.monotonic() - self._t0
+        line = (
+            f"built {self.what} in {took:.0f} s" if ok else f"building {self.what} stopped after {took:.0f} s"
+        )
+        print(line, file=self.stream, flush=True)
+
+
+class BuildTask:
+    """One build's reporter: `with BuildTask(what, where, total) as task: ... task.step()`. The total may grow
+    once the builder knows it (`task.add(n)`)."""
+
+    def __init__(self, what: str, where: Path, total: int) -> None:
+        self.done, self.total = 0, max(1, total)
+        sink = _SINK.get()
+        self._display = StderrBuildProgress(what, where) if sink is None else None
+        self._callback: BuildProgress = sink if sink is not None else self._display  # type: ignore[assignment]
+        self._last = 0.0
+
+    def __enter__(self) -> BuildTask:
+        if self._display is not None:
+            self._display.start(self.total)
+        self._report(force=True)
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.done = self.total
+            self._report(force=True)
+        if self._display is not None:
+            self._display.finish(exc_type is None)
+
+    def add(self, n: int) -> None:
+        self.total += n
+
+    def step(self, n: int = 1) -> None:
+        self.done = min(self.total, self.done + n)
+        self._report()
+
+    def _report(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last >= _REPORT_S:
+            self._last = now
+            self._callback(self.done, self.total, BUILD_PHASE)
