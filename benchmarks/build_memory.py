@@ -127,13 +127,9 @@ def write_synthetic_7b(path: Path, vocab: int, seed: int = 0) -> Path:
     w.add_eos_token_id(2)
     for name, shape, qtype in shapes:  # the header first: every tensor's info, then the data one by one
         nbytes = int(np.prod(shape)) * 4 if qtype == f32 else shape[0] * (shape[1] // 32) * 18
-        w.add_tensor_info(
-            name,
-            shape[::-1] if qtype == f32 else (shape[0], nbytes // shape[0]),
-            np.dtype(np.uint8 if qtype != f32 else np.float32),
-            nbytes,
-            raw_dtype=qtype,
-        )
+        byte_shape = shape if qtype == f32 else (shape[0], nbytes // shape[0])
+        dtype = np.dtype(np.float32 if qtype == f32 else np.uint8)
+        w.add_tensor_info(name, byte_shape, dtype, nbytes, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

@@ -28,7 +28,7 @@ from edge.errors import ModelFormatError
 from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
-from edge.models.build_progress import BuildTask
+from edge.models.build_progress import BuildTask, cached_note
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
 from edge.models.store import cache_dir, file_identity
@@ -115,7 +115,7 @@ def ensure_graph(
     try:
         # announced before the imports a build needs (graph_opt's passes: ~2 s on 2 cores); the passes'
         # steps are counted once they are known
-        with BuildTask(what, final.parent, build_steps(cfg, build) + 1) as task:  # + writing it
+        with BuildTask(what, cached_note(final.parent), build_steps(cfg, build) + 1) as task:  # + writing it
             task.add(len(_passes(target, fuse, precision)))
             # the GGUF's and the scratch files' pages a step read are read once: out of the RSS after it
             mapped = mapped_sources(files=[gguf.path], folders=[tmp])

@@ -9,6 +9,7 @@ from typing import Any
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.errors import InsufficientMemoryError
 from edge.model import Model
+from edge.models.build_progress import reporting
 from edge.models.checked import check_model
 from edge.models.store import PullProgress
 from edge.options import LoadOptions
@@ -47,8 +48,12 @@ def load(
     `precision`: "fast" (int8 activations where a graph backend has them, as llama.cpp computes) or "exact"
     (fp32 math on the file's own blocks). The backend sizes the model first: `edge.InsufficientMemoryError`
     when it needs more than is free (`available_memory`: bytes to assume free instead of measuring).
-    `on_progress(done_bytes, total_bytes, phase)` sees the pull of a catalog model not downloaded yet: phase
-    "download" while it arrives, then "verified" once; None shows it on stderr.
+    `on_progress(done, total, phase)` sees what a first load waits for. The pull of a catalog model not
+    downloaded yet, in bytes: phase "download" while it arrives, then "verified" once. Then, when the model's
+    graph for this backend (or its device plan's partitions) is not built yet, the build, once per model and
+    cached: phase "build" with done/total in the build's steps (one per layer, one for the head, one per graph
+    pass, one per graph written; total may grow once as the build learns its passes), from (0, total) to (total,
+    total). None shows both on stderr (a bar on a terminal, plain lines elsewhere).
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -74,23 +79,26 @@ def load(
     popts = PlannedOptions(
         n_ctx=n_ctx, threads=n_threads, precision=precision, available_memory=available_memory
     )
-    opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
-    decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
+    with reporting(on_progress):  # the graph builds below (devices/graph_decoder.py, devices/planned.py)
+        opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
+        decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
     try:
         loaded = Model(checked, decoder, placement, device_plan=opening.plan, options=opts)
-        loaded.speculative = open_speculative(
-            draft,
-            decoder,
-            checked.tokenizer,
-            checked.name,
-            target_backend=placement.backend,
-            target_path=checked.path,
-            draft_device=draft_device,
-            draft_k=draft_k,
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            precision=precision,
-        )
+        with reporting(on_progress):  # a draft model's graph, when it is built for the first time
+            speculative = open_speculative(
+                draft,
+                decoder,
+                checked.tokenizer,
+                checked.name,
+                target_backend=placement.backend,
+                target_path=checked.path,
+                draft_device=draft_device,
+                draft_k=draft_k,
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                precision=precision,
+            )
+        loaded.speculative = speculative
         return loaded
     except BaseException:
         decoder.close()

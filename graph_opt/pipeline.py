@@ -90,9 +90,11 @@ def optimize(
     head_accuracy_level: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     precision: str = "exact",
+    on_pass: Callable[[], None] | None = None,
 ) -> OptimizeResult:
     """Run the target's pipeline on `model` in place. quant_report: quantized weights decided elsewhere (on the
-    whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition)."""
+    whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition).
+    `on_pass()` after each pass (a build's progress)."""
     report = quant_report or QuantReport(quant or QuantSpec())
     options = {
         "quant": report.spec,
@@ -105,7 +107,11 @@ def optimize(
         "progress": progress,
     }
     ctx = PassContext(target, options)
-    records = run_passes(model, pipeline(target, fuse=fuse, precision=precision), ctx)  # names: it loads them
+    records = []
+    for name in pipeline(target, fuse=fuse, precision=precision):
+        records += run_passes(model, [name], ctx)  # names: it loads them
+        if on_pass is not None:
+            on_pass()
     return OptimizeResult(records, report)
 
 

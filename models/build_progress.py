@@ -17,13 +17,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from pathlib import Path
 from typing import IO, TypeAlias
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["BUILD_PHASE", "BuildProgress", "BuildTask", "StderrBuildProgress", "reporting"]
+__all__ = ["BUILD_PHASE", "BuildProgress", "BuildTask", "StderrBuildProgress", "cached_note", "reporting"]
 
 BUILD_PHASE = "build"
 BuildProgress: TypeAlias = Callable[[int, int, str], None]  # the pull's shape (models/store.PullProgress)
@@ -42,14 +41,17 @@ def reporting(on_progress: BuildProgress | None) -> Iterator[None]:
         _SINK.reset(token)
 
 
+def cached_note(folder: object) -> str:
+    """The announcement's note for a build kept in the cache."""
+    return f"once per model; cached in {folder}"
+
+
 class StderrBuildProgress:
     """The default display of a build: its announcement, then a bar on a terminal or a plain line every
     `every_s` seconds elsewhere, then one line with the time it took."""
 
-    def __init__(
-        self, what: str, where: Path, stream: IO[str] | None = None, *, every_s: float = 5.0
-    ) -> None:
-        self.what, self.where = what, where
+    def __init__(self, what: str, note: str, stream: IO[str] | None = None, *, every_s: float = 5.0) -> None:
+        self.what, self.note = what, note
         self.stream = stream or sys.stderr
         self.every_s = every_s
         self._bar: Progress | None = None
@@ -57,7 +59,7 @@ class StderrBuildProgress:
         self._t0 = self._last_t = time.monotonic()
 
     def start(self, total: int) -> None:
-        print(f"building {self.what} (once per model; cached in {self.where})", file=self.stream, flush=True)
+        print(f"building {self.what} ({self.note})", file=self.stream, flush=True)
         if self.stream.isatty():
             self._bar = Progress(
                 TextColumn("[bold]building"),
@@ -69,11 +71,11 @@ class StderrBuildProgress:
                 console=Console(file=self.stream),
             )
             self._bar.start()
-            self._task = self._bar.add_task("build", total=total)
+            self._task = self._bar.add_task("build", total=total or None)
 
     def __call__(self, done: int, total: int, phase: str) -> None:
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=total)
+            self._bar.update(self._task, completed=done, total=total or None)
             return
         now = time.monotonic()
         if now - self._last_t >= self.every_s and done < total:
@@ -92,23 +94,36 @@ class StderrBuildProgress:
 
 
 class BuildTask:
-    """One build's reporter: `with BuildTask(what, where, total) as task: ... task.step()`. The total may grow
-    once the builder knows it (`task.add(n)`)."""
+    """One build's reporter: `with BuildTask(what, note, total) as task: ... task.step()`. `total` may grow
+    while the build learns its size (`task.add(n)`; 0: not known yet). A task started inside another (a
+    device plan's conversion) counts in the outer one: the caller sees one build."""
 
-    def __init__(self, what: str, where: Path, total: int) -> None:
-        self.done, self.total = 0, max(1, total)
-        sink = _SINK.get()
-        self._display = StderrBuildProgress(what, where) if sink is None else None
-        self._callback: BuildProgress = sink if sink is not None else self._display  # type: ignore[assignment]
+    def __init__(self, what: str, note: str, total: int = 0) -> None:
+        self.what, self.note = what, note
+        self.done, self.total = 0, total
+        self._outer: BuildTask | None = None
+        self._display: StderrBuildProgress | None = None
+        self._callback: BuildProgress | None = None
         self._last = 0.0
 
     def __enter__(self) -> BuildTask:
-        if self._display is not None:
+        self._outer = _ACTIVE.get()
+        if self._outer is not None:
+            self._outer.add(self.total)
+            return self
+        self._token = _ACTIVE.set(self)
+        sink = _SINK.get()
+        if sink is None:
+            self._display = StderrBuildProgress(self.what, self.note)
             self._display.start(self.total)
+        self._callback = sink or self._display
         self._report(force=True)
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self._outer is not None:
+            return
+        _ACTIVE.reset(self._token)
         if exc_type is None:
             self.done = self.total
             self._report(force=True)
@@ -116,14 +131,24 @@ class BuildTask:
             self._display.finish(exc_type is None)
 
     def add(self, n: int) -> None:
+        if self._outer is not None:
+            self._outer.add(n)
+            return
         self.total += n
+        self._report(force=True)
 
     def step(self, n: int = 1) -> None:
+        if self._outer is not None:
+            self._outer.step(n)
+            return
         self.done = min(self.total, self.done + n)
         self._report()
 
     def _report(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if force or now - self._last >= _REPORT_S:
+        if self._callback is not None and (force or now - self._last >= _REPORT_S):
             self._last = now
             self._callback(self.done, self.total, BUILD_PHASE)
+
+
+_ACTIVE: ContextVar[BuildTask | None] = ContextVar("edge_build_task", default=None)

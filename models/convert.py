@@ -31,10 +31,11 @@ from edge.graph_opt import LayerRange, PassRecord, QuantReport, QuantSpec
 from edge.kvcache import LayerSpec, RingKVCache
 from edge.models.arch import ArchConfig
 from edge.models.artifact import FORMAT, MANIFEST, embed_scale, file_sha256, is_artifact
+from edge.models.build_progress import BuildTask
 from edge.models.calibration import CALIBRATION_TEXT
 from edge.models.checked import CheckedModel, as_checked
 from edge.models.gguf_file import GGUFFile
-from edge.models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
+from edge.models.transformer import BuildOptions, Embedder, build_decoder, build_steps, layer_kinds
 
 __all__ = ["ConvertOptions", "ConvertResult", "calibration_feeds", "convert", "static_dims"]
 
@@ -297,82 +298,89 @@ def convert(
     parent = out.parent if str(out.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    try:
-        records: list[list[PassRecord]] = []
-        parts: list[dict[str, Any]] = []
-        for index, rng in enumerate(ranges):
-            say(f"partition {index}: {rng}")
-            proto = build_decoder(
-                gguf, cfg, BuildOptions(first_layer=rng.first, last_layer=rng.last, head=rng.head)
+    builds = [BuildOptions(first_layer=r.first, last_layer=r.last, head=r.head) for r in ranges]
+    n_passes = len(graph_opt.pipeline(opts.target, fuse=opts.fuse, precision=opts.precision))
+    total = sum(build_steps(cfg, b) + n_passes + 1 for b in builds) + 1  # + the embed and metadata
+    with BuildTask(f"{len(ranges)} {opts.target} partition(s) of {model.name}", f"into {out}", total) as task:
+        try:
+            records: list[list[PassRecord]] = []
+            parts: list[dict[str, Any]] = []
+            for index, (rng, build) in enumerate(zip(ranges, builds, strict=True)):
+                say(f"partition {index}: {rng}")
+                proto = build_decoder(gguf, cfg, build, on_step=task.step)
+                m = ir.serde.deserialize_model(proto)
+                del proto
+                res = graph_opt.optimize(
+                    m,
+                    opts.target,
+                    quant=opts.quant,
+                    fuse=opts.fuse,
+                    precision=opts.precision,
+                    quant_report=report,
+                    on_pass=task.step,
+                    **opts.levels(),
+                )
+                records.append(res.records)
+                for rec in res.records:
+                    say("  " + rec.line())
+                variants: dict[str, ir.Model] = {}
+                if opts.static:
+                    for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
+                        v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
+                        graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
+                        variants[variant] = v
+                else:
+                    variants["dynamic"] = m
+                files, weights = _save_graphs(variants, tmp, f"part{index}")
+                task.step()
+                if opts.target == "coreml":
+                    for name in files.values():
+                        onnx.checker.check_model(str(tmp / name), full_check=True)
+                parts.append({**rng.to_dict(), "graphs": files, "weights": weights})
+            embed = _write_embed(gguf, cfg, opts.quant, tmp)
+            task.step()
+            metadata = _write_metadata(Path(gguf.path), tmp)
+            manifest = {
+                "format": FORMAT,
+                "source": {
+                    "name": source_name,
+                    "file": Path(gguf.path).name,
+                    "path": None if source_name else str(Path(gguf.path).resolve()),
+                    "sha256": file_sha256(Path(gguf.path)),
+                    "size": Path(gguf.path).stat().st_size,
+                },
+                "arch": {
+                    "arch": cfg.arch,
+                    "n_layer": cfg.n_layer,
+                    "n_embd": cfg.n_embd,
+                    "n_head": cfg.n_head,
+                    "n_head_kv": cfg.n_head_kv,
+                    "head_dim": cfg.head_dim,
+                    "n_vocab": cfg.n_vocab,
+                    "context_length": cfg.context_length,
+                },
+                "target": opts.target,
+                "fused": opts.fuse,
+                "quant": report.to_dict(),
+                "accuracy_levels": opts.levels(),
+                "passes": _aggregate(records),
+                "partitions": parts,
+                "shapes": {
+                    "static": opts.static,
+                    "prefill_chunk": opts.prefill_chunk if opts.static else None,
+                    "capacity": opts.capacity if opts.static else None,
+                },
+                "embed": embed,
+                "metadata": metadata,
+                "tensor_names": sorted(gguf.tensors),
+            }
+            (tmp / MANIFEST).write_text(
+                json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8"
             )
-            m = ir.serde.deserialize_model(proto)
-            del proto
-            res = graph_opt.optimize(
-                m,
-                opts.target,
-                quant=opts.quant,
-                fuse=opts.fuse,
-                precision=opts.precision,
-                quant_report=report,
-                **opts.levels(),
-            )
-            records.append(res.records)
-            for rec in res.records:
-                say("  " + rec.line())
-            variants: dict[str, ir.Model] = {}
-            if opts.static:
-                for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
-                    v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
-                    graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
-                    variants[variant] = v
-            else:
-                variants["dynamic"] = m
-            files, weights = _save_graphs(variants, tmp, f"part{index}")
-            if opts.target == "coreml":
-                for name in files.values():
-                    onnx.checker.check_model(str(tmp / name), full_check=True)
-            parts.append({**rng.to_dict(), "graphs": files, "weights": weights})
-        embed = _write_embed(gguf, cfg, opts.quant, tmp)
-        metadata = _write_metadata(Path(gguf.path), tmp)
-        manifest = {
-            "format": FORMAT,
-            "source": {
-                "name": source_name,
-                "file": Path(gguf.path).name,
-                "path": None if source_name else str(Path(gguf.path).resolve()),
-                "sha256": file_sha256(Path(gguf.path)),
-                "size": Path(gguf.path).stat().st_size,
-            },
-            "arch": {
-                "arch": cfg.arch,
-                "n_layer": cfg.n_layer,
-                "n_embd": cfg.n_embd,
-                "n_head": cfg.n_head,
-                "n_head_kv": cfg.n_head_kv,
-                "head_dim": cfg.head_dim,
-                "n_vocab": cfg.n_vocab,
-                "context_length": cfg.context_length,
-            },
-            "target": opts.target,
-            "fused": opts.fuse,
-            "quant": report.to_dict(),
-            "accuracy_levels": opts.levels(),
-            "passes": _aggregate(records),
-            "partitions": parts,
-            "shapes": {
-                "static": opts.static,
-                "prefill_chunk": opts.prefill_chunk if opts.static else None,
-                "capacity": opts.capacity if opts.static else None,
-            },
-            "embed": embed,
-            "metadata": metadata,
-            "tensor_names": sorted(gguf.tensors),
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     say(f"wrote {out}")
     return ConvertResult(out, manifest, records, report)
