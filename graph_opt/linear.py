@@ -38,6 +38,8 @@ __all__ = [
     "Linear",
     "emit_linear",
     "is_linear_node",
+    "iter_linears",
+    "linear_names",
     "linear_protos",
     "linears_in",
     "pack_codes",
@@ -195,6 +197,11 @@ def _groups(model: ir.Model) -> list[tuple[str, list[ir.Node]]]:
 def linears_in(model: ir.Model) -> list[Linear]:
     """The graph's linear layers, from their tags, in graph order (of their outputs)."""
     return [_read(name, nodes) for name, nodes in _groups(model)]
+
+
+def linear_names(model: ir.Model) -> list[str]:
+    """The names of `linears_in`, in its order, without reading a weight."""
+    return [name for name, _ in _groups(model)]
 
 
 def iter_linears(model: ir.Model, spill: WeightSpill | None = None) -> Iterator[Linear]:

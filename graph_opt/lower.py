@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edge.errors import ModelFormatError
-from edge.graph_opt.linear import BlockWeight, emit_linear, iter_linears, linears_in
+from edge.graph_opt.linear import BlockWeight, emit_linear, iter_linears, linear_names
 from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["center_codes", "fine_qkv_blocks", "float_zero_points", "int8_nibbles", "lower", "lowering_for"]
@@ -42,15 +42,15 @@ def lower(model: ir.Model, ctx: PassContext) -> int:
     level = ctx.options.get("accuracy_level")
     int8_level = ctx.options.get("int8_accuracy_level")
     head_level = ctx.options.get("head_accuracy_level")
-    linears = linears_in(model)
+    n_linears = len(linear_names(model))
     changed = 0
-    for i, lin in enumerate(linears):
+    for i, lin in enumerate(iter_linears(model, ctx.spill)):
         w = lin.weight
         if not isinstance(w, BlockWeight):
             continue
         want = 0
         if form == "nbits":
-            is_head = i == len(linears) - 1 and _is_head(lin.name)
+            is_head = i == n_linears - 1 and _is_head(lin.name)
             chosen = next(
                 (
                     c

@@ -91,10 +91,12 @@ def optimize(
     progress: Callable[[int, int], None] | None = None,
     precision: str = "exact",
     on_pass: Callable[[], None] | None = None,
+    spill: WeightSpill | None = None,
 ) -> OptimizeResult:
     """Run the target's pipeline on `model` in place. quant_report: quantized weights decided elsewhere (on the
     whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition).
-    `on_pass()` after each pass (a build's progress)."""
+    `on_pass()` after each pass (a build's progress); `spill`: where rewritten weights go as they are made
+    (graph_opt/spill.py)."""
     report = quant_report or QuantReport(quant or QuantSpec())
     options = {
         "quant": report.spec,
@@ -106,10 +108,12 @@ def optimize(
         "head_accuracy_level": head_accuracy_level,
         "progress": progress,
     }
-    ctx = PassContext(target, options)
+    ctx = PassContext(target, options, spill)
     records = []
     for name in pipeline(target, fuse=fuse, precision=precision):
         records += run_passes(model, [name], ctx)  # names: it loads them
+        if spill is not None:
+            spill.settle(model)
         if on_pass is not None:
             on_pass()
     return OptimizeResult(records, report)

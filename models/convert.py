@@ -143,36 +143,35 @@ def static_dims(cfg: ArchConfig, q: int, capacity: int) -> dict[str, int]:
 
 
 def _save_graphs(models: Mapping[str, ir.Model], out: Path, stem: str) -> tuple[dict[str, str], str]:
-    """Write each shape variant's graph; large initializers go once to <stem>.weights, shared by all."""
+    """Write each shape variant's graph; large initializers go once to <stem>.weights, shared by all. Tensor by
+    tensor: each is read (a mapped external tensor is unmapped after), written and replaced by a reference."""
     weights_name = f"{stem}.weights"
     written: dict[str, tuple[int, int, bytes]] = {}  # name -> (offset, length, digest of bytes)
     files: dict[str, str] = {}
     with open(out / weights_name, "wb") as fh:
         for variant, model in models.items():
-            proto = ir.serde.serialize_model(model)
-            del proto.graph.value_info[:]  # intermediate shapes: partial, and not needed by any runtime
-            for tensor in proto.graph.initializer:
-                raw = tensor.raw_data
-                if tensor.data_location == onnx.TensorProto.EXTERNAL or len(raw) < _EXTERNAL_MIN:
+            for name, value in model.graph.initializers.items():
+                tensor = value.const_value
+                if tensor is None or tensor.nbytes < _EXTERNAL_MIN:
                     continue
+                raw = tensor.tobytes()
+                if isinstance(tensor, ir.ExternalTensor):
+                    tensor.release()
                 digest = hashlib.sha256(raw).digest()
-                if tensor.name not in written or written[tensor.name][2] != digest:
+                if name not in written or written[name][2] != digest:
                     offset = fh.tell()
                     offset += (-offset) % 64  # aligned, so runtimes may map tensors in place
                     fh.seek(offset)
                     fh.write(raw)
-                    written[tensor.name] = (offset, len(raw), digest)
-                offset, length, _ = written[tensor.name]
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for key, value in (
-                    ("location", weights_name),
-                    ("offset", str(offset)),
-                    ("length", str(length)),
-                ):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
+                    written[name] = (offset, len(raw), digest)
+                del raw
+                offset, length, _ = written[name]
+                value.const_value = ir.ExternalTensor(
+                    weights_name, offset, length, tensor.dtype, shape=tensor.shape, name=name, base_dir=out
+                )
+            fh.flush()
+            proto = ir.serde.serialize_model(model)
+            del proto.graph.value_info[:]  # intermediate shapes: partial, and not needed by any runtime
             name = f"{stem}.{variant}.onnx"
             (out / name).write_bytes(proto.SerializeToString(deterministic=True))
             files[variant] = name
@@ -307,31 +306,42 @@ def convert(
             parts: list[dict[str, Any]] = []
             for index, (rng, build) in enumerate(zip(ranges, builds, strict=True)):
                 say(f"partition {index}: {rng}")
-                proto = build_decoder(gguf, cfg, build, on_step=task.step)
-                m = ir.serde.deserialize_model(proto)
+                # streamed as devices/graph_decoder.ensure_graph builds: weights in scratch files beside
+                # the artifact's (one layer's, then one linear's, in memory), removed once it is written
+                scratch = tmp / f".part{index}.scratch"
+                scratch.mkdir()
+                proto = build_decoder(gguf, cfg, build, external=scratch / "build.data", on_step=task.step)
+                onnx.save_model(proto, scratch / "build.onnx")
                 del proto
-                res = graph_opt.optimize(
-                    m,
-                    opts.target,
-                    quant=opts.quant,
-                    fuse=opts.fuse,
-                    precision=opts.precision,
-                    quant_report=report,
-                    on_pass=task.step,
-                    **opts.levels(),
-                )
+                m = ir.load(scratch / "build.onnx")
+                with graph_opt.WeightSpill(scratch / "passes.data") as spill:
+                    res = graph_opt.optimize(
+                        m,
+                        opts.target,
+                        quant=opts.quant,
+                        fuse=opts.fuse,
+                        precision=opts.precision,
+                        quant_report=report,
+                        on_pass=task.step,
+                        spill=spill,
+                        **opts.levels(),
+                    )
                 records.append(res.records)
                 for rec in res.records:
                     say("  " + rec.line())
                 variants: dict[str, ir.Model] = {}
                 if opts.static:
+                    ir.save(m, scratch / "optimized.onnx")  # its external tensors stay where they are
+                    del m
                     for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
-                        v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
+                        v = ir.load(scratch / "optimized.onnx")
                         graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
                         variants[variant] = v
                 else:
                     variants["dynamic"] = m
                 files, weights = _save_graphs(variants, tmp, f"part{index}")
+                del variants
+                shutil.rmtree(scratch)
                 task.step()
                 if opts.target == "coreml":
                     for name in files.values():
