@@ -4,8 +4,9 @@
 The caller names where progress goes with `reporting(on_progress)` (a context, so the layers between the API
 and the builders need not carry it); the builders report through `BuildTask`. `on_progress(done, total,
 phase)` gets phase "build" with done/total counted in the build's steps (one per layer and one for the head
-as they are built, one per graph pass, one for writing the graph), first (0, total) as the build starts and
-last (total, total). Without a callback it goes to stderr (never stdout: `edge run --json` keeps stdout one
+as they are built, one per graph pass, one for writing each graph), first (0, total) as the build starts
+(total may grow once, when the build knows its passes) and last (total, total). A cached graph reports
+nothing; a load may build more than one (a draft model's graph). Without a callback it goes to stderr (never stdout: `edge run --json` keeps stdout one
 object): a line naming what is built, that it happens once per model and where it is cached, then a bar on a
 terminal or a plain line every few seconds elsewhere (a server's log, a script, CI), and the time it took.
 """
@@ -13,6 +14,7 @@ terminal or a plain line every few seconds elsewhere (a server's log, a script, 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +43,7 @@ def reporting(on_progress: BuildProgress | None) -> Iterator[None]:
         _SINK.reset(token)
 
 
-def cached_note(folder: object) -> str:
+def cached_note(folder: str | os.PathLike[str]) -> str:
     """The announcement's note for a build kept in the cache."""
     return f"once per model; cached in {folder}"
 
