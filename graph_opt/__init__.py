@@ -25,6 +25,7 @@ _WHERE = {
     "GraphPass": "manager",
     "LayerRange": "partition",
     "Linear": "linear",
+    "LinearHeader": "linear",
     "OptimizeResult": "pipeline",
     "PassContext": "manager",
     "PassRecord": "manager",
