@@ -28,7 +28,7 @@ from edge.errors import ModelFormatError
 from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
-from edge.models.build_progress import BuildTask, cached_note
+from edge.models.build_progress import BuildTask, cached_note, opening
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
 from edge.models.store import cache_dir, file_identity
@@ -241,7 +241,9 @@ class GraphDecoder(RingDecoder):
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=opts.precision)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
-        self.runner: Runner = make_runner(model_path, runner_opts)
+        where = f"{_BACKEND_NAMES.get(opts.backend, opts.backend)} on {opts.device}"
+        with opening(f"the graph for {gguf.path.name} with {where}"):
+            self.runner: Runner = make_runner(model_path, runner_opts)
         self.first_run_costs = self.runner.prepares_on_first_run
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]

@@ -53,7 +53,8 @@ def load(
     graph for this backend (or its device plan's partitions) is not built yet, the build, once per model and
     cached: phase "build" with done/total in the build's steps (one per layer, one for the head, one per graph
     pass, one per graph written; total may grow once as the build learns its passes), from (0, total) to (total,
-    total). None shows both on stderr (a bar on a terminal, plain lines elsewhere).
+    total). Then phase "compile", (0, 1) and (1, 1), around the runtime opening the graph (compiling it the first
+    time, cached after). None shows them on stderr (a bar on a terminal, plain lines elsewhere).
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP

@@ -6,7 +6,8 @@ and the builders need not carry it); the builders report through `BuildTask`. `o
 phase)` gets phase "build" with done/total counted in the build's steps (one per layer and one for the head
 as they are built, one per graph pass, one for writing each graph), first (0, total) as the build starts
 (total may grow once, when the build knows its passes) and last (total, total). A cached graph reports
-nothing; a load may build more than one (a draft model's graph). Without a callback it goes to stderr (never stdout: `edge run --json` keeps stdout one
+nothing; a load may build more than one (a draft model's graph). Then the runtime opens the graph (`opening`):
+phase "compile", (0, 1) and (1, 1); on stderr a line only when that takes over a second. Without a callback it goes to stderr (never stdout: `edge run --json` keeps stdout one
 object): a line naming what is built, that it happens once per model and where it is cached, then a bar on a
 terminal or a plain line every few seconds elsewhere (a server's log, a script, CI), and the time it took.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -24,9 +26,19 @@ from typing import IO, TypeAlias
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["BUILD_PHASE", "BuildProgress", "BuildTask", "StderrBuildProgress", "cached_note", "reporting"]
+__all__ = [
+    "BUILD_PHASE",
+    "COMPILE_PHASE",
+    "BuildProgress",
+    "BuildTask",
+    "StderrBuildProgress",
+    "cached_note",
+    "opening",
+    "reporting",
+]
 
 BUILD_PHASE = "build"
+COMPILE_PHASE = "compile"
 BuildProgress: TypeAlias = Callable[[int, int, str], None]  # the pull's shape (models/store.PullProgress)
 
 _SINK: ContextVar[BuildProgress | None] = ContextVar("edge_build_progress", default=None)
@@ -46,6 +58,39 @@ def reporting(on_progress: BuildProgress | None) -> Iterator[None]:
 def cached_note(folder: str | os.PathLike[str]) -> str:
     """The announcement's note for a build kept in the cache."""
     return f"once per model; cached in {folder}"
+
+
+@contextlib.contextmanager
+def opening(what: str, *, after_s: float = 1.0) -> Iterator[None]:
+    """A runtime opening a graph: quick when it has its compiled form cached, slow once (OpenVINO compiling,
+    ORT optimizing and prepacking). A callback hears phase "compile", (0, 1) then (1, 1); without one, a line
+    on stderr once it has taken `after_s`, and its time when done (nothing for a quick open)."""
+    sink = _SINK.get()
+    if sink is not None:
+        sink(0, 1, COMPILE_PHASE)
+        yield
+        sink(1, 1, COMPILE_PHASE)
+        return
+    t0, done, said = time.monotonic(), threading.Event(), threading.Event()
+
+    def announce() -> None:
+        if not done.wait(after_s):
+            said.set()
+            print(
+                f"opening {what} (the runtime prepares its weights; OpenVINO caches its compiled form)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    thread = threading.Thread(target=announce, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        if said.is_set():
+            print(f"opened {what} in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
 class StderrBuildProgress:

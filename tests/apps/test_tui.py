@@ -296,6 +296,8 @@ async def test_a_graph_being_built_shows_its_steps_then_loads(tmp_path: Path) ->
         halfway.set()
         assert go_on.wait(30)
         on_progress(30, 30, "build")
+        on_progress(0, 1, "compile")
+        on_progress(1, 1, "compile")
         return fake
 
     app = ChatApp(

@@ -13,7 +13,14 @@ import pytest
 import edge
 from edge.devices.graph_decoder import GraphOptions, build_options, ensure_graph
 from edge.models.arch import ArchConfig
-from edge.models.build_progress import BUILD_PHASE, BuildTask, StderrBuildProgress, reporting
+from edge.models.build_progress import (
+    BUILD_PHASE,
+    COMPILE_PHASE,
+    BuildTask,
+    StderrBuildProgress,
+    opening,
+    reporting,
+)
 from edge.models.gguf_file import open_gguf
 from edge.models.transformer import build_steps
 from tests.tiny_models import TinySpec, write_tiny_model
@@ -30,7 +37,11 @@ Call = tuple[int, int, str]
 
 
 def _checked_build(calls: list[Call]) -> None:
-    """One build's calls: phase build, from (0, total) to (total, total), done never going back."""
+    """One build's calls: phase build, from (0, total) to (total, total), done never going back; then the
+    runtime's open (phase compile) when the calls come from a load."""
+    opened = [c for c in calls if c[2] == COMPILE_PHASE]
+    assert opened in ([], [(0, 1, COMPILE_PHASE), (1, 1, COMPILE_PHASE)])
+    calls = [c for c in calls if c[2] != COMPILE_PHASE]
     assert calls and all(phase == BUILD_PHASE for _, _, phase in calls)
     assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] > 0
     done = [d for d, _, _ in calls]
@@ -86,6 +97,21 @@ def test_plain_lines_off_a_terminal() -> None:
         "building the ORT graph for m.gguf (once per model; cached in /c)",
         "building: 3/10 steps, 0 s",
     ]
+
+
+def test_a_slow_open_is_announced_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    with opening("the graph for m.gguf with OpenVINO on cpu", after_s=0.0):
+        pass
+    with opening("a cached graph", after_s=60.0):  # quick: nothing said
+        pass
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert (
+        err.splitlines()[0]
+        == "opening the graph for m.gguf with OpenVINO on cpu (the runtime prepares its weights; OpenVINO caches its compiled form)"
+    )
+    assert err.splitlines()[1].startswith("opened the graph for m.gguf with OpenVINO on cpu in ")
+    assert "cached graph" not in err
 
 
 def test_an_inner_task_counts_in_the_outer_one() -> None:
