@@ -116,6 +116,7 @@ class StderrBuildProgress:
                 TimeElapsedColumn(),
                 transient=True,
                 console=Console(file=self.stream),
+                redirect_stdout=False,  # what the command prints to stdout stays there (edge run --json)
             )
             self._bar.start()
             self._task = self._bar.add_task("build", total=total or None)
