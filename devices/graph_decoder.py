@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import numpy as np
 from edge.devices.base import Capabilities, Decoder
 from edge.devices.batch import batched
 from edge.devices.invariance import rows_invariant
-from edge.devices.mapped import release_heap
+from edge.devices.mapped import drop_mapped_pages, mapped_sources, release_heap
 from edge.devices.precision import BF16, check_precision, graph_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
@@ -28,10 +28,11 @@ from edge.errors import DeviceError, ModelFormatError
 from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
+from edge.models.build_progress import BuildTask, cached_note, opening
 from edge.models.gguf_file import GGUFFile
 from edge.models.onnx_safety import check_onnx_file
 from edge.models.store import cache_dir, file_identity
-from edge.models.transformer import BuildOptions, Embedder, build_decoder
+from edge.models.transformer import BuildOptions, Embedder, build_decoder, build_steps
 
 GRAPH_FORMAT = 17  # bump when the graph a builder emits changes, to invalidate cached graphs
 
@@ -109,28 +110,22 @@ def ensure_graph(
     model_path = final / "model.onnx"
     if _entry_is_whole(final):
         return model_path
-    import onnx  # only a build needs it (~1.3 s of imports on 2 cores)
-
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".", dir=final.parent))
+    what = f"the {_BACKEND_NAMES.get(target or '', 'ONNX')} graph for {gguf.path.name}"
     try:
-        model = build_decoder(gguf, cfg, build)
-        if target is not None:
-            from edge.graph_opt import target_proto
+        # announced before the imports a build needs (graph_opt's passes: ~2 s on 2 cores); the passes'
+        # steps are counted once they are known
+        with BuildTask(what, cached_note(final.parent), build_steps(cfg, build) + 1) as task:  # + writing it
+            task.add(len(_passes(target, fuse, precision)))
+            # the GGUF's and the scratch files' pages a step read are read once: out of the RSS after it
+            mapped = mapped_sources(files=[gguf.path], folders=[tmp])
 
-            model = target_proto(model, target, fuse=fuse, precision=precision)
-        onnx.save_model(
-            model,
-            tmp / "model.onnx",
-            save_as_external_data=True,
-            location="model.onnx.data",
-            size_threshold=1024,
-        )
-        del model
-        # the build leaves reference cycles (onnx_ir graphs) and a fragmented heap. Measured on
-        # qwen2.5-coder-1.5b: RSS 4.8 GB after the build, 2.6 after gc, 1.1 after malloc_trim (an ORT decoder
-        # on the cached graph then peaks at 2.2 GB); the build's own peak, ~5.3 GB, stays
-        release_heap()
+            def step() -> None:
+                drop_mapped_pages(mapped)
+                task.step()
+
+            _build_into(tmp, gguf, cfg, build, target, fuse, precision, step)
         done = {
             "source": gguf.path.name,
             "files": _files_record(tmp),
@@ -147,6 +142,78 @@ def ensure_graph(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return model_path
+
+
+_BACKEND_NAMES = {"ort": "ORT", "openvino": "OpenVINO", "coreml": "Core ML"}
+_SAVE_IN_FLIGHT = 64 << 20  # bytes onnx_ir may hold while it writes the external data (its default: 1 GiB)
+
+
+def _passes(target: str | None, fuse: bool, precision: str) -> list[str]:
+    if target is None:
+        return []
+    from edge.graph_opt import target_passes
+
+    return target_passes(target, fuse=fuse, precision=precision)
+
+
+def _build_into(
+    folder: Path,
+    gguf: GGUFFile,
+    cfg: ArchConfig,
+    build: BuildOptions,
+    target: str | None,
+    fuse: bool,
+    precision: str,
+    step: Callable[[], None],
+) -> None:
+    """model.onnx and model.onnx.data in `folder`, streamed: the builder writes each layer's weights to a
+    scratch file as it goes, the passes read them from there mapped (and hold only the weights they rewrite),
+    and the save writes tensor by tensor. Measured on qwen2.5-coder-1.5b (1.1 GB): peak RSS 5.3 GB when the
+    whole model was a proto, copied into onnx_ir and back, then saved (benchmarks/results/build-memory-*)."""
+    import onnx  # only a build needs them (~1.3 s of imports on 2 cores: after the build's first line)
+    import onnx_ir as ir
+
+    from edge.graph_opt import target_model
+    from edge.graph_opt.spill import WeightSpill
+
+    scratch = folder / "build.onnx"
+    proto = build_decoder(gguf, cfg, build, external=folder / "build.onnx.data", on_step=step)
+    onnx.save_model(proto, scratch)
+    del proto
+    model = ir.load(scratch)  # initializers: external tensors, read when a pass or the save touches them
+    if target is not None:
+        with WeightSpill(folder / "passes.data") as spill:
+            target_model(model, target, fuse=fuse, precision=precision, on_pass=step, spill=spill)
+    ir.save(
+        model,
+        folder / "model.onnx",
+        external_data="model.onnx.data",
+        size_threshold_bytes=1024,
+        max_in_flight_bytes=_SAVE_IN_FLIGHT,
+        alignment=64,
+        align_threshold=1024,
+    )
+    del model
+    # the passes leave reference cycles (onnx_ir graphs) and a fragmented heap; an ORT decoder opened on the
+    # graph next should not sit on top of them
+    release_heap()
+    for name in ("build.onnx", "build.onnx.data", "passes.data"):
+        (folder / name).unlink(missing_ok=True)
+    step()
+
+
+def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:
+    """The builder's options for a GraphDecoder's graph (what `ensure_graph` is called with)."""
+    level = opts.accuracy_level
+    if level is None:
+        level = 0 if graph_precision(opts.precision) == "exact" else 4
+    return BuildOptions(
+        lowering=opts.lowering,
+        accuracy_level=level,
+        head_accuracy_level=opts.head_accuracy_level,
+        long_rope=cfg.long_rope(opts.capacity),
+        staged=GraphDecoder._staged(opts),
+    )
 
 
 class GraphDecoder(RingDecoder):
@@ -174,21 +241,14 @@ class GraphDecoder(RingDecoder):
         if opts.precision == BF16 and (opts.backend, opts.device) != ("openvino", "cpu"):
             raise ValueError(f"precision bf16 runs on openvino:cpu only, not {opts.backend}:{opts.device}")
         built = graph_precision(opts.precision)  # bf16: the exact graph, rounded by the runtime
-        level = opts.accuracy_level
-        if level is None:
-            level = 0 if built == "exact" else 4
-        build = BuildOptions(
-            lowering=opts.lowering,
-            accuracy_level=level,
-            head_accuracy_level=opts.head_accuracy_level,
-            long_rope=cfg.long_rope(opts.capacity),
-            staged=self._staged(opts),
-        )
+        build = build_options(cfg, opts)
         self.staged = build.staged
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=built)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
-        self.runner: Runner = make_runner(model_path, runner_opts)
+        where = f"{_BACKEND_NAMES.get(opts.backend, opts.backend)} on {opts.device}"
+        with opening(f"the graph for {gguf.path.name} with {where}"):
+            self.runner: Runner = make_runner(model_path, runner_opts)
         self.first_run_costs = self.runner.prepares_on_first_run
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]

@@ -25,6 +25,7 @@ from edge.devices.ring_decoder import RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
 from edge.errors import DeviceError
 from edge.models.arch import ArchConfig
+from edge.models.build_progress import opening
 from edge.models.jsonstore import write_json
 from edge.models.store import cache_dir, file_identity
 
@@ -238,4 +239,6 @@ def open_artifact_decoder(
     opts = options or PartitionedOptions()
     if art.shapes.static and art.shapes.capacity is not None:
         opts = replace(opts, capacity=art.shapes.capacity)
-    return PartitionedDecoder(art.config, art.embedder(), graphs, opts)
+    places = ", ".join(dict.fromkeys(f"{b} on {d}" for b, d in where))
+    with opening(f"{n} partition(s) of {path.name} with {places}"):
+        return PartitionedDecoder(art.config, art.embedder(), graphs, opts)

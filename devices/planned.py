@@ -37,6 +37,7 @@ from edge.devices.registry import BACKENDS, DecoderOptions, estimate_memory
 from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError, PlanError
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
+from edge.models.build_progress import BuildTask, cached_note
 from edge.models.checked import CheckedModel, as_checked
 from edge.models.store import cache_dir, file_identity
 
@@ -86,8 +87,6 @@ def plan_artifact(
     gguf_path: Path, plan: Plan, options: PlannedOptions, log: Callable[[str], None] | None = None
 ) -> Path:
     """The converted partitions of `plan` for the model at `gguf_path`, built on first use."""
-    from edge.models.convert import ConvertOptions, convert
-
     static = plan.static
     capacity = min(options.n_ctx, options.static_capacity)
     st = gguf_path.stat()
@@ -102,6 +101,26 @@ def plan_artifact(
     if out.exists():
         shutil.rmtree(out, ignore_errors=True)  # partial or tampered: rebuilt below
     out.parent.mkdir(parents=True, exist_ok=True)
+    kind = "NPU-shaped (static) " if static else ""
+    # announced before convert's imports (onnx, graph_opt: seconds on 2 cores); its steps join this task
+    with BuildTask(f"the {kind}partitions {_ranges(plan)} for {gguf_path.name}", cached_note(out.parent)):
+        _convert_plan(gguf_path, plan, options, out, static, capacity, log)
+    if not _verify(out):
+        raise ModelFormatError(f"the converted partitions in {out} do not match their SHA-256 record")
+    return out
+
+
+def _convert_plan(
+    gguf_path: Path,
+    plan: Plan,
+    options: PlannedOptions,
+    out: Path,
+    static: bool,
+    capacity: int,
+    log: Callable[[str], None] | None,
+) -> None:
+    from edge.models.convert import ConvertOptions, convert
+
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         art = tmp / "art"
@@ -132,9 +151,6 @@ def plan_artifact(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if not _verify(out):
-        raise ModelFormatError(f"the converted partitions in {out} do not match their SHA-256 record")
-    return out
 
 
 def open_planned_decoder(

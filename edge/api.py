@@ -9,6 +9,7 @@ from typing import Any
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.errors import InsufficientMemoryError
 from edge.model import Model
+from edge.models.build_progress import reporting
 from edge.models.checked import CheckedModel, check_model
 from edge.models.store import PullProgress
 from edge.options import LoadOptions
@@ -49,14 +50,19 @@ def load(
     `precision`: "fast" (int8 activations where a graph backend has them, as llama.cpp computes) or "exact"
     (fp32 math on the file's own blocks). The backend sizes the model first: `edge.InsufficientMemoryError`
     when it needs more than is free (`available_memory`: bytes to assume free instead of measuring).
-    `on_progress(done_bytes, total_bytes, phase)` sees the pull of a catalog model not downloaded yet: phase
-    "download" while it arrives, then "verified" once; None shows it on stderr.
     `parallel`: how many sequences the caller will run at once (`model.slots(n)` splits the model into that
     many, on one copy of the weights); above 1, auto chooses among the backends that batch them.
     `plan`: the model split by phase, "prefill=B:D[:P],decode=B:D[:P]" (e.g.
     "prefill=openvino:cpu:bf16,decode=ort:cpu": prompts in bf16 on the matrix engine, tokens on ORT's int8
     path; P is fast | exact | bf16, default `precision`), one KV cache between the halves, in place of
     `backend` and `device`; `edge.PlanError` when it does not parse or its halves cannot run together.
+    `on_progress(done, total, phase)` sees what a first load waits for. The pull of a catalog model not
+    downloaded yet, in bytes: phase "download" while it arrives, then "verified" once. Then, when the model's
+    graph for this backend (or its device plan's partitions) is not built yet, the build, once per model and
+    cached: phase "build" with done/total in the build's steps (one per layer, one for the head, one per graph
+    pass, one per graph written; total may grow once as the build learns its passes), from (0, total) to (total,
+    total). Then phase "compile", (0, 1) and (1, 1), around the runtime opening the graph (compiling it the first
+    time, cached after). None shows them on stderr (a bar on a terminal, plain lines elsewhere).
 
     >>> import edge
     >>> with edge.load("smollm2-135m", device="cpu") as m:           # doctest: +SKIP
@@ -78,10 +84,10 @@ def load(
         plan=plan,
     )
     checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
-    return _open(checked, opts)
+    return _open(checked, opts, on_progress)
 
 
-def _open(checked: CheckedModel, opts: LoadOptions) -> Model:
+def _open(checked: CheckedModel, opts: LoadOptions, on_progress: PullProgress | None) -> Model:
     """Where the checked model runs (and that it fits there), opened as a Model with its drafters."""
     fallback = opts.fallback
     request = DeviceRequest(
@@ -98,23 +104,25 @@ def _open(checked: CheckedModel, opts: LoadOptions) -> Model:
         available_memory=opts.available_memory,
         batching=opts.parallel > 1,
     )
-    opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
-    decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
+    with reporting(on_progress):  # the graph builds below (devices/graph_decoder.py, devices/planned.py)
+        opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there
+        decoder, placement = opening.open()  # auto may have moved to llama.cpp while building
     try:
         loaded = Model(checked, decoder, placement, device_plan=opening.plan, options=opts)
-        loaded.speculative = open_speculative(
-            opts.draft,
-            decoder,
-            checked.tokenizer,
-            checked.name,
-            target_backend=placement.backend,
-            target_path=checked.path,
-            draft_device=opts.draft_device,
-            draft_k=opts.draft_k,
-            n_ctx=opts.n_ctx,
-            n_threads=opts.n_threads,
-            precision=opts.precision,
-        )
+        with reporting(on_progress):  # a draft model's graph, when it is built for the first time
+            loaded.speculative = open_speculative(
+                opts.draft,
+                decoder,
+                checked.tokenizer,
+                checked.name,
+                target_backend=placement.backend,
+                target_path=checked.path,
+                draft_device=opts.draft_device,
+                draft_k=opts.draft_k,
+                n_ctx=opts.n_ctx,
+                n_threads=opts.n_threads,
+                precision=opts.precision,
+            )
         return loaded
     except BaseException:
         decoder.close()

@@ -12,7 +12,7 @@ passes; such a caller would tag its linears with `emit_linear` first).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,13 +30,17 @@ from edge.graph_opt.forms import (
     read_float,
     unknown_form,
 )
+from edge.graph_opt.spill import WeightSpill
 from edge.graph_opt.weight import BlockWeight, pack_codes, unpack_codes
 
 __all__ = [
     "BlockWeight",
     "Linear",
+    "LinearHeader",
     "emit_linear",
     "is_linear_node",
+    "iter_linears",
+    "linear_names",
     "linear_protos",
     "linears_in",
     "pack_codes",
@@ -181,16 +185,68 @@ def emit_linear(
 # Lookup
 
 
-def linears_in(model: ir.Model) -> list[Linear]:
-    """The graph's linear layers, from their tags, in graph order (of their outputs)."""
+def _groups(model: ir.Model) -> list[tuple[str, list[ir.Node]]]:
     groups: dict[str, list[ir.Node]] = {}
     for node in model.graph:
         name = node.metadata_props.get(NAME_KEY)
         if name is not None:
             groups.setdefault(name, []).append(node)
-    found = [_read(name, nodes) for name, nodes in groups.items()]
     order = {id(n): i for i, n in enumerate(model.graph)}
-    return sorted(found, key=lambda lin: order[id(lin.nodes[-1])])
+    return sorted(groups.items(), key=lambda item: order[id(item[1][-1])])
+
+
+def linears_in(model: ir.Model) -> list[Linear]:
+    """The graph's linear layers, from their tags, in graph order (of their outputs)."""
+    return [_read(name, nodes) for name, nodes in _groups(model)]
+
+
+def linear_names(model: ir.Model) -> list[str]:
+    """The names of `linears_in`, in its order, without reading a weight."""
+    return [name for name, _ in _groups(model)]
+
+
+@dataclass(frozen=True)
+class LinearHeader:
+    """What a linear's nodes say without decoding its weight (for a pass to pass over it unread)."""
+
+    name: str
+    form: str | None  # as Linear.form; None: the nodes disagree (reading it raises)
+    bits: int | None  # form nbits: MatMulNBits' bits and accuracy_level (as Linear.weight.bits and
+    accuracy_level: int | None  # Linear.accuracy_level will be); other forms: None
+    may_have_bias: bool  # False: Linear.weight.bias will be None (no block-bias term, no float zero points)
+
+
+def _header(name: str, nodes: Sequence[ir.Node]) -> LinearHeader:
+    weight = [n for n in nodes if n.metadata_props.get(ROLE_KEY) == "weight"]
+    bias = [n for n in nodes if n.metadata_props.get(ROLE_KEY) == "bias"]
+    forms = {n.metadata_props.get(FORM_KEY) for n in weight + bias}
+    form = next(iter(forms)) if len(forms) == 1 else None
+    bits = level = None
+    float_zp = True  # unknown forms: assume the worst
+    if form == "nbits" and len(weight) == 1:
+        a = weight[0].attributes
+        bits = int(a["bits"].value) if "bits" in a else 4
+        level = int(a["accuracy_level"].value) if "accuracy_level" in a else 0
+        zp = weight[0].inputs[3] if len(weight[0].inputs) > 3 else None
+        float_zp = zp is not None and zp.dtype != ir.DataType.UINT8
+    return LinearHeader(name, form, bits, level, bool(bias) or float_zp)
+
+
+def iter_linears(
+    model: ir.Model,
+    spill: WeightSpill | None = None,
+    where: Callable[[LinearHeader], bool] | None = None,
+) -> Iterator[Linear]:
+    """`linears_in`, each read when it is reached: a pass that replaces linears one by one holds one linear's
+    decoded weight, not the model's. With `spill`, the graph is settled after each (graph_opt/spill.py).
+    `where`: a condition every linear the pass may change meets, checked on its header; the others are not
+    read (decoding a 7B's linears costs ~35 s a pass)."""
+    for name, nodes in _groups(model):
+        if where is not None and not where(_header(name, nodes)):
+            continue
+        yield _read(name, nodes)
+        if spill is not None:
+            spill.settle(model)
 
 
 def _read(name: str, nodes: Sequence[ir.Node]) -> Linear:

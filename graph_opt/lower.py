@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edge.errors import ModelFormatError
-from edge.graph_opt.linear import BlockWeight, emit_linear, linears_in
+from edge.graph_opt.linear import BlockWeight, LinearHeader, emit_linear, iter_linears, linear_names
 from edge.graph_opt.manager import PassContext, graph_pass
 
 __all__ = ["center_codes", "fine_qkv_blocks", "float_zero_points", "int8_nibbles", "lower", "lowering_for"]
@@ -42,15 +42,15 @@ def lower(model: ir.Model, ctx: PassContext) -> int:
     level = ctx.options.get("accuracy_level")
     int8_level = ctx.options.get("int8_accuracy_level")
     head_level = ctx.options.get("head_accuracy_level")
-    linears = linears_in(model)
+    n_linears = len(linear_names(model))
     changed = 0
-    for i, lin in enumerate(linears):
+    for i, lin in enumerate(iter_linears(model, ctx.spill)):
         w = lin.weight
         if not isinstance(w, BlockWeight):
             continue
         want = 0
         if form == "nbits":
-            is_head = i == len(linears) - 1 and _is_head(lin.name)
+            is_head = i == n_linears - 1 and _is_head(lin.name)
             chosen = next(
                 (
                     c
@@ -86,7 +86,9 @@ def int8_nibbles(model: ir.Model, ctx: PassContext) -> int:
     (code - zp) s = (hi - zh) 16 s + (lo - zl) s; the two fp32 products add with ~1e-7 relative error). Linears
     at accuracy level 4 (int8 activations, ORT's fast 8-bit path) are left as they are."""
     changed = 0
-    for lin in linears_in(model):
+    for lin in iter_linears(
+        model, ctx.spill, lambda h: h.form == "nbits" and h.bits == 8 and h.accuracy_level == 0
+    ):
         w = lin.weight
         if lin.form == "nbits" and isinstance(w, BlockWeight) and w.bits == 8 and lin.accuracy_level == 0:
             emit_linear(model, lin, lowering="nibbles", accuracy_level=0)
@@ -101,7 +103,7 @@ def float_zero_points(model: ir.Model, ctx: PassContext) -> int:
     into float zero points (zp = z - bias / scale). OpenVINO decompresses those inside its FullyConnected;
     ORT runs 4-bit float zero points only on a slow path and refuses 8-bit ones, so this is OpenVINO's."""
     changed = 0
-    for lin in linears_in(model):
+    for lin in iter_linears(model, ctx.spill, lambda h: h.form == "nbits" and h.may_have_bias):
         w = lin.weight
         if lin.form == "nbits" and isinstance(w, BlockWeight) and w.bias is not None:
             emit_linear(model, lin, lowering="nbits_fzp")
@@ -120,7 +122,7 @@ def center_codes(model: ir.Model, ctx: PassContext) -> int:
     than llama.cpp on a Q4_1 tiny model (KL 4.4e-4 vs 7.3e-5), centred ones as much as it (llama.cpp applies
     the mins to the sums of the quantized x instead). No explicit zero points are left (none to read)."""
     changed = 0
-    for lin in linears_in(model):
+    for lin in iter_linears(model, ctx.spill, lambda h: h.form == "nbits" and h.may_have_bias):
         w = lin.weight
         if not (lin.form == "nbits" and isinstance(w, BlockWeight)):
             continue
@@ -152,7 +154,11 @@ def fine_qkv_blocks(model: ir.Model, ctx: PassContext) -> int:
     The block-bias term stays at the file's blocks (forms.emit_bias_term), so only the scales double. 8-bit
     weights stay as they are (the 16-block head's cost)."""
     changed = 0
-    for lin in linears_in(model):
+
+    def may_split(h: LinearHeader) -> bool:
+        return h.form == "nbits" and h.bits == 4 and h.accuracy_level == 4 and bool(_QKV.search(h.name))
+
+    for lin in iter_linears(model, ctx.spill, may_split):
         w = lin.weight
         if not (
             lin.form == "nbits"

@@ -18,6 +18,7 @@ from typing import Any
 import onnx_ir as ir
 
 from edge.graph_opt._rules import cleanup
+from edge.graph_opt.spill import WeightSpill
 
 __all__ = [
     "PASSES",
@@ -42,6 +43,8 @@ class PassContext:
 
     target: str = "ort"
     options: dict[str, Any] = field(default_factory=dict)
+    # where passes that rewrite weights put them as they go (graph_opt/spill.py); None: in memory
+    spill: WeightSpill | None = None
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

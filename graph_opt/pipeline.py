@@ -11,6 +11,7 @@ import onnx_ir as ir
 
 from edge.graph_opt.manager import PassContext, PassRecord, run_passes
 from edge.graph_opt.quantize import QuantReport, QuantSpec
+from edge.graph_opt.spill import WeightSpill
 
 __all__ = [
     "FAST_FUSIONS",
@@ -20,6 +21,8 @@ __all__ = [
     "OptimizeResult",
     "optimize",
     "pipeline",
+    "target_model",
+    "target_passes",
     "target_proto",
 ]
 
@@ -87,9 +90,13 @@ def optimize(
     head_accuracy_level: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     precision: str = "exact",
+    on_pass: Callable[[], None] | None = None,
+    spill: WeightSpill | None = None,
 ) -> OptimizeResult:
     """Run the target's pipeline on `model` in place. quant_report: quantized weights decided elsewhere (on the
-    whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition)."""
+    whole model, see graph_opt.plan_quantization), applied here by linear name (e.g. to each partition).
+    `on_pass()` after each pass (a build's progress); `spill`: where rewritten weights go as they are made
+    (graph_opt/spill.py)."""
     report = quant_report or QuantReport(quant or QuantSpec())
     options = {
         "quant": report.spec,
@@ -101,21 +108,51 @@ def optimize(
         "head_accuracy_level": head_accuracy_level,
         "progress": progress,
     }
-    ctx = PassContext(target, options)
-    records = run_passes(model, pipeline(target, fuse=fuse, precision=precision), ctx)  # names: it loads them
+    ctx = PassContext(target, options, spill)
+    records = []
+    for name in pipeline(target, fuse=fuse, precision=precision):
+        records += run_passes(model, [name], ctx)  # names: it loads them
+        if spill is not None:
+            spill.settle(model)
+        if on_pass is not None:
+            on_pass()
     return OptimizeResult(records, report)
+
+
+def target_passes(target: str, *, fuse: bool = True, precision: str = "exact") -> list[str]:
+    """What makes a built graph ready for a target: folding and its fusion passes (fuse=False: none), then its
+    LOWERINGS (precision "fast": with FAST_FUSIONS, and FAST_LOWERINGS); the weights' quantization as it is."""
+    fast = precision == "fast"
+    fusions = FUSIONS[target] + (FAST_FUSIONS[target] if fast else [])
+    return (["fold", *fusions] if fuse else []) + (FAST_LOWERINGS if fast else LOWERINGS)[target]
+
+
+def target_model(
+    model: ir.Model,
+    target: str,
+    *,
+    fuse: bool = True,
+    precision: str = "exact",
+    on_pass: Callable[[], None] | None = None,
+    spill: WeightSpill | None = None,
+) -> None:
+    """`target_passes` run on `model` in place; `on_pass()` after each (a build's progress). With `spill`, the
+    weights the passes rewrite go to its file as they are made (graph_opt/spill.py)."""
+    ctx = PassContext(target, spill=spill)
+    for name in target_passes(target, fuse=fuse, precision=precision):
+        run_passes(model, [name], ctx)
+        if spill is not None:
+            spill.settle(model)
+        if on_pass is not None:
+            on_pass()
 
 
 def target_proto(
     model: onnx.ModelProto, target: str, *, fuse: bool = True, precision: str = "exact"
 ) -> onnx.ModelProto:
-    """A built graph made ready for a target: folding and its fusion passes (fuse=False: none), then its
-    LOWERINGS (precision "fast": with FAST_FUSIONS, and FAST_LOWERINGS); the weights' quantization as it is."""
-    fast = precision == "fast"
-    fusions = FUSIONS[target] + (FAST_FUSIONS[target] if fast else [])
-    names = (["fold", *fusions] if fuse else []) + (FAST_LOWERINGS if fast else LOWERINGS)[target]
-    if not names:
+    """`target_model` on a proto (a copy: the graph is held twice while the passes run)."""
+    if not target_passes(target, fuse=fuse, precision=precision):
         return model
     m = ir.serde.deserialize_model(model)
-    run_passes(m, names, PassContext(target))
+    target_model(m, target, fuse=fuse, precision=precision)
     return ir.serde.serialize_model(m)

@@ -30,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 
 from edge.errors import ModelFormatError
-from edge.graph_opt.linear import BlockWeight, emit_linear, linears_in
+from edge.graph_opt.linear import BlockWeight, emit_linear, linear_names, linears_in
 from edge.graph_opt.lower import lowering_for
 from edge.graph_opt.manager import PassContext, graph_pass
 
@@ -490,7 +490,7 @@ def quantize(model: ir.Model, ctx: PassContext) -> int:
     spec: QuantSpec = ctx.options.get("quant") or (report.spec if report else QuantSpec())
     if spec.mode == "keep":
         if report is not None:
-            report.precision = {lin.name: "keep" for lin in linears_in(model)}
+            report.precision = dict.fromkeys(linear_names(model), "keep")
         return 0
     if report is None or not report.weights:
         planned = plan_quantization(model, spec, ctx.options.get("calibration"))

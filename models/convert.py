@@ -31,10 +31,11 @@ from edge.graph_opt import LayerRange, PassRecord, QuantReport, QuantSpec
 from edge.kvcache import LayerSpec, RingKVCache
 from edge.models.arch import ArchConfig
 from edge.models.artifact import FORMAT, MANIFEST, embed_scale, file_sha256, is_artifact
+from edge.models.build_progress import BuildTask
 from edge.models.calibration import CALIBRATION_TEXT
 from edge.models.checked import CheckedModel, as_checked
 from edge.models.gguf_file import GGUFFile
-from edge.models.transformer import BuildOptions, Embedder, build_decoder, layer_kinds
+from edge.models.transformer import BuildOptions, Embedder, build_decoder, build_steps, layer_kinds
 
 __all__ = ["ConvertOptions", "ConvertResult", "calibration_feeds", "convert", "static_dims"]
 
@@ -142,36 +143,35 @@ def static_dims(cfg: ArchConfig, q: int, capacity: int) -> dict[str, int]:
 
 
 def _save_graphs(models: Mapping[str, ir.Model], out: Path, stem: str) -> tuple[dict[str, str], str]:
-    """Write each shape variant's graph; large initializers go once to <stem>.weights, shared by all."""
+    """Write each shape variant's graph; large initializers go once to <stem>.weights, shared by all. Tensor by
+    tensor: each is read (a mapped external tensor is unmapped after), written and replaced by a reference."""
     weights_name = f"{stem}.weights"
     written: dict[str, tuple[int, int, bytes]] = {}  # name -> (offset, length, digest of bytes)
     files: dict[str, str] = {}
     with open(out / weights_name, "wb") as fh:
         for variant, model in models.items():
-            proto = ir.serde.serialize_model(model)
-            del proto.graph.value_info[:]  # intermediate shapes: partial, and not needed by any runtime
-            for tensor in proto.graph.initializer:
-                raw = tensor.raw_data
-                if tensor.data_location == onnx.TensorProto.EXTERNAL or len(raw) < _EXTERNAL_MIN:
+            for name, value in model.graph.initializers.items():
+                tensor = value.const_value
+                if tensor is None or tensor.nbytes < _EXTERNAL_MIN:
                     continue
+                raw = tensor.tobytes()
+                if isinstance(tensor, ir.ExternalTensor):
+                    tensor.release()
                 digest = hashlib.sha256(raw).digest()
-                if tensor.name not in written or written[tensor.name][2] != digest:
+                if name not in written or written[name][2] != digest:
                     offset = fh.tell()
                     offset += (-offset) % 64  # aligned, so runtimes may map tensors in place
                     fh.seek(offset)
                     fh.write(raw)
-                    written[tensor.name] = (offset, len(raw), digest)
-                offset, length, _ = written[tensor.name]
-                tensor.ClearField("raw_data")
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for key, value in (
-                    ("location", weights_name),
-                    ("offset", str(offset)),
-                    ("length", str(length)),
-                ):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
+                    written[name] = (offset, len(raw), digest)
+                del raw
+                offset, length, _ = written[name]
+                value.const_value = ir.ExternalTensor(
+                    weights_name, offset, length, tensor.dtype, shape=tensor.shape, name=name, base_dir=out
+                )
+            fh.flush()
+            proto = ir.serde.serialize_model(model)
+            del proto.graph.value_info[:]  # intermediate shapes: partial, and not needed by any runtime
             name = f"{stem}.{variant}.onnx"
             (out / name).write_bytes(proto.SerializeToString(deterministic=True))
             files[variant] = name
@@ -287,24 +287,32 @@ def convert(
     parent = out.parent if str(out.parent) else Path(".")
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    try:
-        records: list[list[PassRecord]] = []
-        parts: list[dict[str, Any]] = []
-        for index, rng in enumerate(ranges):
-            say(f"partition {index}: {rng}")
-            part, part_records = _convert_partition(gguf, cfg, rng, opts, report, tmp / f"part{index}", say)
-            records.append(part_records)
-            parts.append(part)
-        embed = _write_embed(gguf, cfg, opts.quant, tmp)
-        metadata = _write_metadata(Path(gguf.path), tmp)
-        manifest = _manifest(gguf, cfg, opts, source_name, report, records, parts)
-        manifest |= {"embed": embed, "metadata": metadata}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    builds = [BuildOptions(first_layer=r.first, last_layer=r.last, head=r.head) for r in ranges]
+    n_passes = len(graph_opt.pipeline(opts.target, fuse=opts.fuse, precision=opts.precision))
+    total = sum(build_steps(cfg, b) + n_passes + 1 for b in builds) + 1  # + the embed and metadata
+    label = f"{len(ranges)} {opts.target} partition(s) of {checked.name}"
+    with BuildTask(label, f"into {out}", total) as task:
+        try:
+            records: list[list[PassRecord]] = []
+            parts: list[dict[str, Any]] = []
+            for index, (rng, build) in enumerate(zip(ranges, builds, strict=True)):
+                say(f"partition {index}: {rng}")
+                stem = tmp / f"part{index}"
+                part, part_records = _convert_partition(gguf, cfg, rng, build, opts, report, stem, say, task)
+                records.append(part_records)
+                parts.append(part)
+            embed = _write_embed(gguf, cfg, opts.quant, tmp)
+            task.step()
+            metadata = _write_metadata(Path(gguf.path), tmp)
+            manifest = _manifest(gguf, cfg, opts, source_name, report, records, parts)
+            manifest |= {"embed": embed, "metadata": metadata}
+            text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+            (tmp / MANIFEST).write_text(text, encoding="utf-8")
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     say(f"wrote {out}")
     return ConvertResult(out, manifest, records, report)
 
@@ -330,36 +338,51 @@ def _convert_partition(
     gguf: GGUFFile,
     cfg: ArchConfig,
     rng: LayerRange,
+    build: BuildOptions,
     opts: ConvertOptions,
     report: QuantReport,
     stem: Path,
     say: Callable[[str], None],
+    task: BuildTask,
 ) -> tuple[dict[str, Any], list[PassRecord]]:
     """One partition's graphs (dynamic, or static prefill + decode) optimized for the target and saved as
-    `stem`*: its manifest entry and the passes' records."""
-    proto = build_decoder(gguf, cfg, BuildOptions(first_layer=rng.first, last_layer=rng.last, head=rng.head))
-    m = ir.serde.deserialize_model(proto)
+    `stem`*: its manifest entry and the passes' records. Streamed as devices/graph_decoder.ensure_graph builds:
+    weights in scratch files beside the artifact's (one layer's, then one linear's, in memory), removed once
+    it is written."""
+    scratch = stem.parent / f".{stem.name}.scratch"
+    scratch.mkdir()
+    proto = build_decoder(gguf, cfg, build, external=scratch / "build.data", on_step=task.step)
+    onnx.save_model(proto, scratch / "build.onnx")
     del proto
-    res = graph_opt.optimize(
-        m,
-        opts.target,
-        quant=opts.quant,
-        fuse=opts.fuse,
-        precision=opts.precision,
-        quant_report=report,
-        **opts.levels(),
-    )
+    m = ir.load(scratch / "build.onnx")
+    with graph_opt.WeightSpill(scratch / "passes.data") as spill:
+        res = graph_opt.optimize(
+            m,
+            opts.target,
+            quant=opts.quant,
+            fuse=opts.fuse,
+            precision=opts.precision,
+            quant_report=report,
+            on_pass=task.step,
+            spill=spill,
+            **opts.levels(),
+        )
     for rec in res.records:
         say("  " + rec.line())
     variants: dict[str, ir.Model] = {}
     if opts.static:
+        ir.save(m, scratch / "optimized.onnx")  # its external tensors stay where they are
+        del m
         for variant, q in (("prefill", opts.prefill_chunk), ("decode", 1)):
-            v = ir.serde.deserialize_model(ir.serde.serialize_model(m))
+            v = ir.load(scratch / "optimized.onnx")
             graph_opt.specialize_shapes(v, static_dims(cfg, q, opts.capacity))
             variants[variant] = v
     else:
         variants["dynamic"] = m
     files, weights = _save_graphs(variants, stem.parent, stem.name)
+    del variants
+    shutil.rmtree(scratch)
+    task.step()
     if opts.target == "coreml":
         for name in files.values():
             onnx.checker.check_model(str(stem.parent / name), full_check=True)

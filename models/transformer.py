@@ -33,8 +33,10 @@ permuted within each head at import, which leaves q.k unchanged and is exact for
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -45,6 +47,7 @@ from edge.models.gguf_file import GGUFFile
 from edge.models.weights import dequantize_rows, import_linear
 
 OPSET = 21
+SPILL_MIN = 1024  # initializers of at least this many bytes go to the external file as they are built
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,10 @@ def layer_kinds(cfg: ArchConfig) -> list[int]:
 
 
 class _Graph:
-    """Tiny helper: unique names, constants, nodes."""
+    """Tiny helper: unique names, constants, nodes; with `spill` (an open file), the large initializers' bytes
+    are written to it as they come, so a build holds one layer's weights, not the model's."""
 
-    def __init__(self) -> None:
+    def __init__(self, spill: BinaryIO | None = None, location: str = "") -> None:
         from onnx import helper, numpy_helper
 
         self.h, self.nh = helper, numpy_helper
@@ -78,6 +82,38 @@ class _Graph:
         self.inits: list = []
         self._n = 0
         self._consts: dict[tuple, str] = {}
+        self._spill, self._location = spill, location
+        self._spilled = 0  # inits[:_spilled] have been looked at
+
+    def spill(self) -> None:
+        """Move the bytes of the initializers added since the last call to the external file."""
+        from onnx import TensorProto
+
+        fh = self._spill
+        if fh is None:
+            return
+        for i in range(self._spilled, len(self.inits)):
+            tensor = self.inits[i]
+            raw = tensor.raw_data
+            if tensor.data_location == TensorProto.EXTERNAL or len(raw) < SPILL_MIN:
+                continue
+            offset = fh.tell()
+            offset += (-offset) % 64  # aligned, so a runtime may map tensors in place
+            fh.seek(offset)
+            fh.write(raw)
+            # NOTE: a new proto, not the old one with raw_data cleared: protobuf keeps a message's bytes in its
+            # arena until the message itself is gone (measured: the 1.5b's build held every layer's weights)
+            ref = TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+            ref.data_location = TensorProto.EXTERNAL
+            for key, value in (
+                ("location", self._location),
+                ("offset", str(offset)),
+                ("length", str(len(raw))),
+            ):
+                entry = ref.external_data.add()
+                entry.key, entry.value = key, value
+            self.inits[i] = ref
+        self._spilled = len(self.inits)
 
     def name(self, base: str) -> str:
         self._n += 1
@@ -136,9 +172,18 @@ def _blk(i: int, role: str) -> str:
 
 
 class _Builder:
-    def __init__(self, gguf: GGUFFile, cfg: ArchConfig, opts: BuildOptions) -> None:
+    def __init__(
+        self,
+        gguf: GGUFFile,
+        cfg: ArchConfig,
+        opts: BuildOptions,
+        spill: BinaryIO | None = None,
+        location: str = "",
+        on_step: Callable[[], None] | None = None,
+    ) -> None:
         self.gguf, self.cfg, self.opts = gguf, cfg, opts
-        self.g = _Graph()
+        self.g = _Graph(spill, location)
+        self.on_step = on_step or (lambda: None)
 
     # -- weights -----------------------------------------------------------------------------------------
     def tensor(self, name: str) -> np.ndarray:
@@ -448,6 +493,8 @@ class _Builder:
                 helper.make_tensor_value_info(f"new_{n}_{i}", F, [1, "q", kvh, hd]) for n in ("key", "value")
             ]
             x = self.layer(i, x, "positions", ropes, kinds)
+            g.spill()
+            self.on_step()
         if opts.head:
             inputs.append(helper.make_tensor_value_info("logit_rows", I64, ["r"]))
             xn = self.rms_norm(x, GLOBAL_TENSORS["output_norm"])
@@ -458,6 +505,9 @@ class _Builder:
         else:
             g.op("Identity", [x], out="hidden_out")
             outputs.insert(0, helper.make_tensor_value_info("hidden_out", F, [1, "q", cfg.n_embd]))
+        g.spill()
+        if opts.head:
+            self.on_step()
         graph = helper.make_graph(g.nodes, f"edge_{cfg.arch}", inputs, outputs, initializer=g.inits)
         opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
         model = helper.make_model(graph, opset_imports=opsets, producer_name="edge")
@@ -465,10 +515,32 @@ class _Builder:
         return model
 
 
-def build_decoder(gguf: GGUFFile, cfg: ArchConfig | None = None, options: BuildOptions | None = None):  # type: ignore[no-untyped-def]
-    """The decoder (or a partition of it) as an onnx.ModelProto, weights imported from the GGUF blocks."""
+def build_steps(cfg: ArchConfig, options: BuildOptions | None = None) -> int:
+    """How many times `build_decoder` calls `on_step`: once per layer, once for the head."""
+    opts = options or BuildOptions()
+    last = cfg.n_layer if opts.last_layer is None else opts.last_layer
+    return last - opts.first_layer + int(opts.head)
+
+
+def build_decoder(  # type: ignore[no-untyped-def]
+    gguf: GGUFFile,
+    cfg: ArchConfig | None = None,
+    options: BuildOptions | None = None,
+    *,
+    external: Path | None = None,
+    on_step: Callable[[], None] | None = None,
+):
+    """The decoder (or a partition of it) as an onnx.ModelProto, weights imported from the GGUF blocks.
+
+    `external`: the large initializers are written to this file as each layer is built and the proto refers to
+    them by its name (save the proto beside it): the build then holds one layer's weights, not the model's.
+    `on_step()` after each layer and after the head (`build_steps` of them), for a build's progress."""
     cfg = cfg or ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
-    return _Builder(gguf, cfg, options or BuildOptions()).build()
+    opts = options or BuildOptions()
+    if external is None:
+        return _Builder(gguf, cfg, opts, on_step=on_step).build()
+    with open(external, "wb") as fh:
+        return _Builder(gguf, cfg, opts, fh, external.name, on_step).build()
 
 
 class Embedder:

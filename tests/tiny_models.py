@@ -167,3 +167,81 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_qwen2_q4_0(
+    path: str | Path, *, d: int, n_layer: int, ff: int, n_head: int, n_head_kv: int, vocab: int, seed: int = 0
+) -> Path:
+    """A qwen2 GGUF of any shape with random Q4_0 codes (scales kept small so activations stay finite), written
+    tensor by tensor: the writer holds one tensor's bytes at a time, so a 7B-shaped file costs little memory
+    (benchmarks/build_memory.py --synthetic-7b; the build's memory test)."""
+    h, kvh = n_head, n_head_kv
+    hd = d // h
+    rng = np.random.default_rng(seed)
+    q4 = gguf.GGMLQuantizationType.Q4_0
+    f32 = gguf.GGMLQuantizationType.F32
+
+    def q4_0(rows: int, cols: int) -> np.ndarray:  # [rows, cols/32 blocks of 18 bytes]
+        blocks = np.empty((rows, cols // 32, 18), np.uint8)
+        scale = np.full((rows, cols // 32), 0.02 / np.sqrt(cols / 1024), np.float16)
+        blocks[..., :2] = scale.view(np.uint8).reshape(rows, cols // 32, 2)
+        blocks[..., 2:] = rng.integers(0, 256, (rows, cols // 32, 16), dtype=np.uint8)
+        return blocks.reshape(rows, -1)
+
+    shapes: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]] = [
+        ("token_embd.weight", (vocab, d), q4),
+        ("output_norm.weight", (d,), f32),
+        ("output.weight", (vocab, d), q4),
+    ]
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        shapes += [
+            (p + "attn_norm.weight", (d,), f32),
+            (p + "attn_q.weight", (d, d), q4),
+            (p + "attn_q.bias", (d,), f32),
+            (p + "attn_k.weight", (kvh * hd, d), q4),
+            (p + "attn_k.bias", (kvh * hd,), f32),
+            (p + "attn_v.weight", (kvh * hd, d), q4),
+            (p + "attn_v.bias", (kvh * hd,), f32),
+            (p + "attn_output.weight", (d, d), q4),
+            (p + "ffn_norm.weight", (d,), f32),
+            (p + "ffn_gate.weight", (ff, d), q4),
+            (p + "ffn_up.weight", (ff, d), q4),
+            (p + "ffn_down.weight", (d, ff), q4),
+        ]
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_block_count(n_layer)
+    w.add_context_length(32768)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(h)
+    w.add_head_count_kv(kvh)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    tokens, scores, types = _vocab(vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for name, shape, qtype in shapes:  # the header first: every tensor's info, then the data one by one
+        nbytes = int(np.prod(shape)) * 4 if qtype == f32 else shape[0] * (shape[1] // 32) * 18
+        byte_shape = shape if qtype == f32 else (shape[0], nbytes // shape[0])
+        dtype = np.dtype(np.float32 if qtype == f32 else np.uint8)
+        w.add_tensor_info(name, byte_shape, dtype, nbytes, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, qtype in shapes:
+        if qtype == f32:
+            arr = (
+                (1.0 + 0.01 * rng.standard_normal(shape)).astype(np.float32)
+                if "norm" in name
+                else (0.01 * rng.standard_normal(shape)).astype(np.float32)
+            )
+        else:
+            arr = q4_0(*shape)
+        w.write_tensor_data(arr)
+    w.close()
+    return Path(path)

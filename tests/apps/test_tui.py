@@ -286,6 +286,37 @@ async def test_a_model_not_pulled_yet_shows_its_download_then_loads(tmp_path: Pa
 
 
 @sync
+async def test_a_graph_being_built_shows_its_steps_then_loads(tmp_path: Path) -> None:
+    """A first load builds the model's graph (edge.load's phase "build"): the bar shows the steps."""
+    fake, halfway, go_on = FakeModel(), threading.Event(), threading.Event()
+
+    def loader(_: ChatSettings, on_progress: PullProgress) -> Any:
+        on_progress(0, 30, "build")
+        on_progress(15, 30, "build")
+        halfway.set()
+        assert go_on.wait(30)
+        on_progress(30, 30, "build")
+        on_progress(0, 1, "compile")
+        on_progress(1, 1, "compile")
+        return fake
+
+    app = ChatApp(
+        ChatSettings(model="fake-135m"), store=ConversationStore(tmp_path), loader=loader, devices=[]
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        bar = app.query_one(PullBar)
+        await wait_for(
+            pilot, lambda: halfway.is_set() and "15/30 steps" in str(bar.query_one(Label).render())
+        )
+        assert bar.display and bar.query_one(ProgressBar).percentage == pytest.approx(0.5)
+        assert "once per model" in str(bar.query_one(Label).render())
+        assert "building fake-135m" in stats(app)
+        go_on.set()
+        await wait_for(pilot, lambda: app.model is not None)
+        assert not bar.display
+
+
+@sync
 async def test_reopen_a_saved_conversation_and_corrupt_history(tmp_path: Path) -> None:
     store = ConversationStore(tmp_path / "conversations")
     old = Conversation.new("fake-135m", system="Be brief.").with_message(Message("user", "Old question"))
