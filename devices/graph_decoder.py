@@ -24,7 +24,7 @@ from edge.devices.mapped import drop_mapped_pages, mapped_sources, release_heap
 from edge.devices.precision import BF16, check_precision, graph_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
-from edge.errors import DeviceError, ModelFormatError
+from edge.errors import DeviceError, InsufficientMemoryError, ModelFormatError
 from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
@@ -202,6 +202,21 @@ def _build_into(
     step()
 
 
+def _check_slots_fit(n: int, kv_bytes: int) -> None:
+    """n slots hold n KV caches where the load sized one (its own, freed for them): the n - 1 more must fit."""
+    import psutil
+
+    more, free = (n - 1) * kv_bytes, psutil.virtual_memory().available
+    if more > free:
+        raise InsufficientMemoryError(
+            f"{n} slots need {n} KV caches of {kv_bytes >> 20} MiB: {more >> 20} MiB more than the model's "
+            f"first, and {free >> 20} MiB is available",
+            needed=more,
+            available=free,
+            hint="fewer slots (--parallel), or a smaller --ctx-size",
+        )
+
+
 def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:
     """The builder's options for a GraphDecoder's graph (what `ensure_graph` is called with)."""
     level = opts.accuracy_level
@@ -309,6 +324,7 @@ class GraphDecoder(RingDecoder):
         no longer steps on its own (the engine's thread runs its graph), and its own KV is freed."""
         if self._batched:
             raise DeviceError("this decoder was split into slots already", hint="load the model again")
+        _check_slots_fit(n, self.cache.nbytes)
         slots = batched(self, n)
         self._batched = True
         self.cache = self._new_cache(self.cache.sink)  # NOTE: a fresh ring's buffers are untouched zero pages

@@ -212,3 +212,26 @@ def test_a_slot_takes_a_siblings_prefix_and_goes_on_as_alone(files: dict[str, Pa
     assert copy.copy_prefix_from(a, lambda: 10) == 0 and b.position == len(head) + len(tail) + 20
     a.close()
     b.close()
+
+
+def test_slots_that_do_not_fit_are_refused_before_any_is_made(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n slots hold n KV caches: with too little memory free (the machine's answer injected), a clear typed
+    error, and the decoder stays whole."""
+    import collections
+
+    import psutil
+
+    from edge.errors import InsufficientMemoryError
+
+    base = GraphDecoder(open_gguf(files["llama-q4_1"]), _options("ort", False, 256))
+    kv = base.cache.nbytes
+    mem = collections.namedtuple("mem", "available")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: mem(2 * kv))
+    with pytest.raises(InsufficientMemoryError, match="4 slots need 4 KV caches"):
+        base.capabilities().batching.slots(4)  # type: ignore[union-attr]
+    assert base.forward([1, 5, 6]).shape[0] == 3  # not split: it still runs on its own
+    slots = base.capabilities().batching.slots(3)  # type: ignore[union-attr]  # 2 more: they fit
+    for s in slots:
+        s.close()
