@@ -8,7 +8,7 @@ from typing import Any
 
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
 from edge.errors import InsufficientMemoryError
-from edge.model import Model
+from edge.model import Model, chat_template_of
 from edge.models.build_progress import reporting
 from edge.models.checked import CheckedModel, check_model
 from edge.models.store import PullProgress
@@ -84,6 +84,7 @@ def load(
         plan=plan,
     )
     checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
+    chat_template_of(checked)  # a template that cannot compile fails before a graph is built for it
     return _open(checked, opts, on_progress)
 
 

@@ -149,6 +149,14 @@ def _with_calls(pieces: Generator[str, None, Result], plan: ToolPlan) -> Generat
     return replace(result, text="".join(text), tool_calls=tuple(calls))
 
 
+def chat_template_of(checked: CheckedModel) -> ChatTemplate | None:
+    """The model's chat template, compiled (None for a base model); a hostile one raises TemplateError."""
+    tok = checked.tokenizer
+    bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
+    eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
+    return template_from_metadata(checked.gguf.metadata, bos_token=bos, eos_token=eos)
+
+
 class Model:
     """A loaded model (`edge.load` makes one). Thread-safe: concurrent calls are queued, one generation at a
     time per model, so tokens of two calls never mix in one KV cache. Each call reuses the KV the previous one
@@ -174,12 +182,8 @@ class Model:
         self.name = checked.name
         self.path = checked.path
         self.gguf = checked.gguf
-        self.tokenizer = tok = checked.tokenizer
-        bos = tok.decode([tok.bos_id]) if tok.bos_id is not None else ""
-        eos = tok.decode([tok.eos_id]) if tok.eos_id is not None else ""
-        self.template: ChatTemplate | None = template_from_metadata(
-            checked.gguf.metadata, bos_token=bos, eos_token=eos
-        )
+        self.tokenizer = checked.tokenizer
+        self.template: ChatTemplate | None = chat_template_of(checked)
         self.decoder = decoder
         self.placement = placement
         self.device_plan = device_plan  # the planner's plan, when the device request went through it

@@ -14,7 +14,7 @@ import pytest
 
 from edge.errors import TemplateError
 from edge.models.chat_template import ChatTemplate, TemplateLimits
-from tests.reliability.conftest import assert_one_line_error, cli
+from tests.reliability.conftest import assert_one_line_error, cli, error_lines
 from tests.reliability.ggufs import rewrite_gguf
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -234,7 +234,7 @@ def test_templates_never_reach_llama_cpp_pythons_own_compile(tiny_model: Path, t
         timeout=120,
         cwd=ROOT,
     )
-    lines = proc.stderr.decode().strip().splitlines()
+    lines = error_lines(proc.stderr.decode())
     assert proc.returncode == 1 and lines[0].startswith("edge: error: chat template builds"), lines
     assert int(lines[-1].split()[-1]) < 1 << 20, lines[-1]  # KiB: under 1 GiB
     assert time.monotonic() - start < 10
