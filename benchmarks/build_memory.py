@@ -1,7 +1,7 @@
 """Peak RSS and time of building edge's own graph for a GGUF, alone (no runner opened), in a fresh graph cache.
 
-    python benchmarks/build_memory.py MODEL.gguf [--backend ort|openvino] [--precision fast|exact]
-    python benchmarks/build_memory.py MODEL.gguf --synthetic-7b   # first writes a Qwen2-7B-shaped file there
+    python -m benchmarks.build_memory MODEL.gguf [--backend ort|openvino] [--precision fast|exact]
+    python -m benchmarks.build_memory MODEL.gguf --synthetic-7b   # first writes a Qwen2-7B-shaped file there
 
 The build runs in this process with EDGE_CACHE_DIR pointed at a temporary folder (the model file stays where it
 is); a thread samples the RSS every 20 ms; each build step (devices/graph_decoder.ensure_graph's progress) is
@@ -16,16 +16,12 @@ import argparse
 import json
 import os
 import resource
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import psutil
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.tiny_models writes the synthetic file
 
 GIB = 1 << 30
 
