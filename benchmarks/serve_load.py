@@ -365,6 +365,7 @@ def server_command(spec: ServerSpec, args: argparse.Namespace, path: Path, port:
         cmd = [sys.executable, "-m", "edge.cli", "serve", args.model, "--host", "127.0.0.1"]
         cmd += ["--port", str(port), "--parallel", str(spec.slots), "--ctx-size", str(args.ctx_size)]
         cmd += ["--backend", spec.backend] if spec.backend else []
+        cmd += ["--precision", args.precision] if args.precision else []
         return cmd + (["--threads", str(args.threads)] if args.threads else [])
     threads = args.threads or psutil.cpu_count(logical=False) or 1
     return [
@@ -696,6 +697,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--ctx-size", type=int, default=6144, help="context per slot (llama-server: -c this x N)")
     ap.add_argument(
         "--threads", type=int, default=None, help="edge: its default; llama-server: physical cores"
+    )
+    ap.add_argument(
+        "--precision",
+        choices=("fast", "exact"),
+        default=None,
+        help="edge's --precision (default its own: fast); exact makes a soak's 'differ from alone' a bug check",
     )
     ap.add_argument("--llama-server", default=shutil.which("llama-server") or DEFAULT_LLAMA_SERVER)
     ap.add_argument("--soak", type=int, default=0, metavar="N", help="instead: N requests, 8 clients, drops")
