@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 __all__ = [
+    "BatchSlot",
+    "BatchStats",
     "Batching",
     "Capabilities",
     "Decoder",
@@ -112,6 +114,28 @@ class Truncation(Protocol):
         ...
 
 
+class BatchStats(Protocol):
+    """What a batch engine has run (devices/batch.py): graph runs, the slots' pieces and tokens they carried,
+    and the runs that carried a many-token piece beside one-token steps."""
+
+    steps: int
+    pieces: int
+    tokens: int
+    mixed_steps: int
+
+    @property
+    def mean_batch(self) -> float: ...
+
+
+class BatchSlot(Protocol):
+    """One sequence of a batch (a `Batching` slot): the steps it rode in and its engine's totals."""
+
+    ridden: tuple[int, int]  # (steps this slot rode in, pieces those steps carried in all)
+
+    @property
+    def engine(self) -> BatchStats: ...
+
+
 class PrefixCopy(Protocol):
     """Taking another sequence's KV prefix instead of computing it (batch slots of one engine: a shared system
     prompt, a conversation that moved to another slot)."""
@@ -144,6 +168,7 @@ class Capabilities:
     batching: Batching | None = None
     truncation: Truncation | None = None
     prefix_copy: PrefixCopy | None = None
+    batch_slot: BatchSlot | None = None
     phases: PhaseSplit | None = None  # split by phase: which halves run the prompts and the tokens
 
 

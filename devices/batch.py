@@ -349,6 +349,7 @@ class SlotDecoder(RingDecoder):
             first_run_costs=self.first_run_costs,
             truncation=self,
             prefix_copy=self,
+            batch_slot=self,
         )
 
     def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:

@@ -23,8 +23,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge.devices.base import Decoder, warm_kernels
-from edge.devices.batch import BatchEngine, SlotDecoder
+from edge.devices.base import BatchStats, Decoder, warm_kernels
 from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
@@ -195,8 +194,6 @@ class Model:
         self._busy = False  # a generation is running (the RLock alone lets one thread interleave two)
         self._closed = False
         self._handed_over = False  # `slots` gave the decoder to a batch engine
-        self.batch_engine: BatchEngine | None = None  # a slot's: the engine that packs its steps with others'
-        self._slot: SlotDecoder | None = None
 
     # -- what was loaded -------------------------------------------------------------------------
     @property
@@ -732,9 +729,6 @@ class Model:
             if self._closed or self._busy:
                 raise EdgeError("slots of a closed or busy model", hint="call slots() right after load")
             decoders = batching.slots(n)
-            engine = (
-                decoders[0].engine if isinstance(decoders[0], SlotDecoder) else None
-            )  # what batched() gives
             self._closed = self._handed_over = True  # the engine closes the decoder with its last slot
             self._closing.set()
             if self.speculative is not None:
@@ -744,7 +738,6 @@ class Model:
         try:
             for d in decoders:
                 models.append(self._slot_model(d, lookup=lookup))
-                models[-1].batch_engine = engine
         except BaseException:
             for d in decoders:  # the last one closed stops the engine and frees the weights
                 d.close()
@@ -776,16 +769,22 @@ class Model:
                 self.session.adopt(taken[:n])
             return n
 
+    @property
+    def batch_engine(self) -> BatchStats | None:
+        """A slot's: what the engine packing its steps with the other slots' has run; None for no slot."""
+        slot = self.decoder.capabilities().batch_slot
+        return None if slot is None else slot.engine
+
     def ridden(self) -> tuple[int, int] | None:
         """A slot's (steps it rode in, pieces those steps carried in all): their ratio is the batch it saw;
         None for a model that is no slot."""
-        return None if self._slot is None else self._slot.ridden
+        slot = self.decoder.capabilities().batch_slot
+        return None if slot is None else slot.ridden
 
     def _slot_model(self, decoder: Decoder, *, lookup: bool) -> Model:
         # NOTE: no fallback per slot: each would open a whole copy of the weights when the shared graph fails
         options = replace(self.options, fallback=False)
         m = Model(self.checked, decoder, self.placement, device_plan=self.device_plan, options=options)
-        m._slot = decoder if isinstance(decoder, SlotDecoder) else None
         if lookup:
             o = self.options
             m.speculative = open_speculative(
