@@ -16,8 +16,8 @@ import numpy as np
 
 from edge.devices.base import Decoder, rollback_limit, warm_kernels
 from edge.errors import EdgeError, VocabMismatchError
+from edge.history import common_prefix
 from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
-from edge.session import common_prefix
 
 if TYPE_CHECKING:
     from edge.models.tokenizer import Tokenizer

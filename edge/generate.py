@@ -11,6 +11,7 @@ import numpy as np
 
 from edge.devices.base import Decoder
 from edge.errors import ContextOverflowError, GenerationCancelled
+from edge.history import window_note
 from edge.logprobs import TokenLogprob, check_top, choice_logprobs
 from edge.sampling import Sampler, SamplingConfig
 
@@ -48,13 +49,6 @@ class GenerationConfig:
             raise ValueError(f"prefill_chunk must be >= 1 (got {self.prefill_chunk})")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
-
-
-def window_note(dropped: int, kept: int) -> str | None:
-    """The one wording, for the CLI, the API and the chat app, of older turns leaving the window."""
-    if dropped <= 0:
-        return None
-    return f"older turns left the window ({dropped} tokens dropped, system prompt's {kept} kept)"
 
 
 @dataclass

@@ -14,24 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from edge.devices.base import Decoder, rollback_limit, rollback_reach
-from edge.generate import window_note
-
-if TYPE_CHECKING:
-    from edge.generate import Generation
+from edge.history import Fed, common_prefix, window_note
 
 __all__ = ["KVSession", "KVState", "common_prefix"]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass(frozen=True)
@@ -200,7 +187,7 @@ class KVSession:
         moved._cut = self._cut
         return moved
 
-    def track(self, gen: Generation, pieces: Iterator[str]) -> Iterator[str]:
+    def track(self, gen: Fed, pieces: Iterator[str]) -> Iterator[str]:
         """Yield `pieces` (the generation's own iterator) and settle the history when it ends, however it
         ends: finished, cancelled or closed early by the consumer; an error invalidates it."""
         ok = False
