@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder
-from edge.devices.ring_decoder import RingDecoder
+from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
 from edge.errors import DeviceError
 from edge.kvcache import StepView
@@ -55,7 +55,7 @@ class Shared(Protocol):
     runner: Runner | None
 
     @property
-    def options(self) -> SlotGeometry: ...
+    def options(self) -> RingGeometry: ...
 
     def step_feeds(
         self,
@@ -71,17 +71,6 @@ class Shared(Protocol):
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
     def close(self) -> None: ...
-
-
-class SlotGeometry(Protocol):
-    """The KV geometry a slot copies from the shared decoder (GraphOptions has these fields)."""
-
-    capacity: int
-    sink: int
-    policy: str
-    max_rollback: int
-    prefill_chunk: int
-    static_shapes: bool
 
 
 @dataclass
@@ -298,20 +287,11 @@ class SlotDecoder(RingDecoder):
 
     def __init__(self, engine: BatchEngine) -> None:
         base = engine.base
-        opts = base.options
         self._engine, self._closed = engine, False
         self.ridden = (0, 0)  # (steps this slot rode in, pieces those steps carried in all)
         self.backend, self.device = base.backend, base.device
         self.staged, self.first_run_costs = base.staged, base.first_run_costs
-        self._init_ring(
-            base.cfg,
-            opts.capacity,
-            sink=opts.sink,
-            policy=opts.policy,
-            max_rollback=opts.max_rollback,
-            prefill_chunk=opts.prefill_chunk,
-            bind_all=opts.static_shapes,
-        )
+        self._init_ring_of(base.cfg, base.options)
 
     @property
     def engine(self) -> BatchEngine:

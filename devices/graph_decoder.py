@@ -243,15 +243,7 @@ class GraphDecoder(RingDecoder):
         cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
         check_tensor_shapes(cfg, {name: t.shape for name, t in gguf.tensors.items()})
         self.backend, self.device = opts.backend, opts.device
-        self._init_ring(
-            cfg,
-            opts.capacity,
-            sink=opts.sink,
-            policy=opts.policy,
-            max_rollback=opts.max_rollback,
-            prefill_chunk=opts.prefill_chunk,
-            bind_all=opts.static_shapes,
-        )
+        self._init_ring_of(cfg, opts)
         check_precision(opts.precision, half=True)
         if opts.precision == BF16 and (opts.backend, opts.device) != ("openvino", "cpu"):
             raise ValueError(f"precision bf16 runs on openvino:cpu only, not {opts.backend}:{opts.device}")

@@ -163,16 +163,7 @@ class PhaseSplitDecoder(RingDecoder):
         self.device = "+".join(dict.fromkeys((prefill.device, decode.device)))
         self.staged = decode.staged  # short forwards are the decode half's, cut at its windows
         self.first_run_costs = prefill.first_run_costs or decode.first_run_costs
-        opts = decode.options
-        self._init_ring(
-            decode.cfg,
-            opts.capacity,
-            sink=opts.sink,
-            policy=opts.policy,
-            max_rollback=opts.max_rollback,
-            prefill_chunk=opts.prefill_chunk,
-            bind_all=False,
-        )
+        self._init_ring_of(decode.cfg, decode.options)  # static-shape halves are refused (_check_geometry)
         self._long = False  # the forward being run goes to the prefill half
         self.seconds = [0.0, 0.0]  # graph time of each half since load (prefill, decode)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -19,9 +20,21 @@ from edge.kvcache.staging import bound_prefix, split_windows, windowed
 from edge.models.arch import ArchConfig
 from edge.models.transformer import layer_kinds
 
-__all__ = ["SLOT_GRAIN", "RingDecoder"]
+__all__ = ["SLOT_GRAIN", "RingDecoder", "RingGeometry"]
 
 SLOT_GRAIN = 32
+
+
+class RingGeometry(Protocol):
+    """A whole-model ring's geometry as options give it (GraphOptions has these fields): what a graph
+    decoder, its batch slots and a phase split's ring are made with."""
+
+    capacity: int
+    sink: int
+    policy: str
+    max_rollback: int
+    prefill_chunk: int
+    static_shapes: bool
 
 
 class RingDecoder:
@@ -78,6 +91,19 @@ class RingDecoder:
             cfg.context_length if policy == "ring" or limit is None else min(limit, cfg.context_length)
         )
         self._lock = threading.Lock()
+
+    def _init_ring_of(self, cfg: ArchConfig, geometry: RingGeometry) -> None:
+        """`_init_ring` with a whole-model geometry (static shapes bind every slot)."""
+        g = geometry
+        self._init_ring(
+            cfg,
+            g.capacity,
+            sink=g.sink,
+            policy=g.policy,
+            max_rollback=g.max_rollback,
+            prefill_chunk=g.prefill_chunk,
+            bind_all=g.static_shapes,
+        )
 
     def _new_cache(self, sink: int) -> RingKVCache:
         return RingKVCache(self._specs, sink=sink, policy=self._policy, max_rollback=self._max_rollback)  # type: ignore[arg-type]
