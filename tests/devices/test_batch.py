@@ -205,8 +205,11 @@ def test_a_slot_takes_a_siblings_prefix_and_goes_on_as_alone(files: dict[str, Pa
         tokens.append(int(row.argmax()))
         row = b.forward([tokens[-1]])[-1]
     assert tokens == want[0]
-    assert copy.copy_prefix_from(b, lambda: 0) == 0  # nothing asked: nothing changed
-    assert b.position == len(head) + len(tail) + 20
+    assert copy.copy_prefix_from(b, lambda: 0) == 0  # itself: refused
+    a.set_sink(8)  # another geometry (and empty): a copy of nothing must not take it over
+    assert copy.copy_prefix_from(a, lambda: 0) == 0  # nothing asked: nothing changed
+    assert b.position == len(head) + len(tail) + 20 and b.kv_fill().sink == 2
+    a.forward(head)
     for _ in range(300):
         a.forward([7])  # a wraps its 256-slot ring
     assert copy.copy_prefix_from(a, lambda: 10) == 0 and b.position == len(head) + len(tail) + 20
