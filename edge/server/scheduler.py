@@ -144,9 +144,10 @@ class _Worker:
         if not job.siblings:
             return
         ids = job.prompt_ids
-        best = max(job.siblings, key=lambda m: common_prefix(m.session.holding(), ids))
-        if common_prefix(best.session.holding(), ids) > common_prefix(self.model.session.holding(), ids):
-            job.copied = self.model.adopt_prefix(best, ids)
+        held = {m: common_prefix(m.session.holding(), ids) for m in job.siblings}
+        best = max(held, key=held.__getitem__)
+        if held[best] > common_prefix(self.model.session.holding(), ids):
+            job.copied = self.model.adopt_prefix(best, ids)  # it counts again with both KVs still
 
     def _run(self, job: Job) -> None:
         job.started = time.monotonic()
