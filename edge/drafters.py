@@ -17,9 +17,10 @@ import numpy as np
 from edge.devices.base import Decoder, rollback_limit, warm_kernels
 from edge.errors import EdgeError, VocabMismatchError
 from edge.history import common_prefix
-from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
+from edge.sampling import SamplingConfig, apply_repeat_penalty, mask_logits, probabilities
 
 if TYPE_CHECKING:
+    from edge.grammar import Constraint
     from edge.models.tokenizer import Tokenizer
 
 __all__ = [
@@ -45,6 +46,9 @@ AUTO_DRAFT_MAX_SIZE = 0.5
 # backends whose batched forward is cheap (a forward of 8 tokens: ~2 decode steps) and whose verify takes
 # the same kernels as their decode; llama.cpp's costs ~5 steps and rounds differently (docs/performance.md)
 AUTO_DRAFT_BACKENDS = ("ort", "openvino")
+# A draft call's history extends the previous call's except in its last tokens, at most this many: a round's
+# forced tokens (a grammar's, fast-forward) lead its draft and are not all kept (edge.fastforward.FF_MAX)
+LOOKAHEAD = 64
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,16 @@ class Drafter(Protocol):
         ...
 
     def draft(
-        self, history: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+        self,
+        history: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        rng: np.random.Generator,
+        constraint: Constraint | None = None,
     ) -> Draft:
-        """Up to k tokens to follow `history`, which extends the history of the previous call."""
+        """Up to k tokens to follow `history`, which extends the history of the previous call. `constraint`:
+        the grammar's state after `history`; every drafted token is one it admits, and its state is the same
+        on return."""
         ...
 
     def warm_up(self, opening: Sequence[int]) -> None:
@@ -105,7 +116,7 @@ class ModelDrafter:
         self.max_k = None if limit is None else int(limit) + 1
         self.free = False
         self._tokens: list[int] = []  # what the draft KV holds
-        self._synced = 0  # history length at the last call: that prefix cannot have changed
+        self._synced = 0  # history length at the last call: that prefix, but its last LOOKAHEAD, is unchanged
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Prefill all but the last prompt token (the first draft feeds it, for its logits), keeping what the
@@ -145,7 +156,7 @@ class ModelDrafter:
 
     def _sync(self, history: Sequence[int]) -> np.ndarray:
         """Bring the KV to `history` and return the logits row for the position after it."""
-        tokens, n = self._tokens, self._synced
+        tokens, n = self._tokens, max(0, self._synced - LOOKAHEAD)
         end = min(len(tokens), len(history))
         while n < end and tokens[n] == history[n]:
             n += 1
@@ -165,8 +176,16 @@ class ModelDrafter:
         return np.concatenate([logits, np.full(n - logits.shape[0], -np.inf, dtype=logits.dtype)])
 
     def draft(
-        self, history: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+        self,
+        history: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        rng: np.random.Generator,
+        constraint: Constraint | None = None,
     ) -> Draft:
+        """With a grammar, each row is masked by it before the draw, so q (what the rejection rule divides
+        by) is the distribution the token was really drawn from; the grammar is advanced with each drafted
+        token and rolled back at the end."""
         dec = self.decoder
         k = min(k, dec.n_ctx - len(history) + 1)  # the KV will hold history + k - 1 tokens
         if k <= 0:
@@ -182,28 +201,43 @@ class ModelDrafter:
         )
         tokens: list[int] = []
         probs: list[np.ndarray] = []
-        for i in range(k):
-            confidence = 1.0
-            row = self._row(logits)
-            if penalize:
-                row = apply_repeat_penalty(row, recent, sampling.repeat_penalty, sampling.repeat_last_n)
-            if sampling.greedy:
-                token = int(np.argmax(row))
-                if self.p_min > 0.0:
-                    confidence = 1.0 / float(np.exp(row - row[token]).sum())  # softmax at the argmax
-            else:
-                q = probabilities(row, sampling)
-                token = int(rng.choice(q.shape[0], p=q))
-                probs.append(q)
-                confidence = float(q[token])
-            tokens.append(token)
-            if penalize:
-                recent.append(token)
-            if i == k - 1 or (self.p_min > 0.0 and confidence < self.p_min):
-                break
-            logits = dec.forward([token], last_only=True)[-1]
-            self._tokens.append(token)
+        try:
+            for i in range(k):
+                row = self._row(logits)
+                if constraint is not None:
+                    row = mask_logits(row, constraint.allowed())
+                if penalize:
+                    row = apply_repeat_penalty(row, recent, sampling.repeat_penalty, sampling.repeat_last_n)
+                token, q, confidence = self._pick(row, sampling, rng)
+                if constraint is not None:
+                    constraint.advance(token)
+                tokens.append(token)
+                if penalize:
+                    recent.append(token)
+                if q is not None:
+                    probs.append(q)
+                unsure = self.p_min > 0.0 and confidence < self.p_min
+                if i == k - 1 or unsure or (constraint is not None and constraint.done):
+                    break
+                logits = dec.forward([token], last_only=True)[-1]
+                self._tokens.append(token)
+        finally:
+            if constraint is not None:
+                constraint.rollback(len(tokens))
         return Draft(tokens, None if sampling.greedy else probs)
+
+    def _pick(
+        self, row: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> tuple[int, np.ndarray | None, float]:
+        """(token, the q row it was drawn from (None: greedy), the draft's confidence in it)."""
+        if sampling.greedy:
+            token = int(np.argmax(row))
+            if self.p_min <= 0.0:
+                return token, None, 1.0
+            return token, None, 1.0 / float(np.exp(row - row[token]).sum())  # softmax at the argmax
+        q = probabilities(row, sampling)
+        token = int(rng.choice(q.shape[0], p=q))
+        return token, q, float(q[token])
 
     def close(self) -> None:
         self.decoder.close()
@@ -226,11 +260,11 @@ class NgramDrafter:
         self.name = "ngram"
         self.n_min, self.n_max = n_min, n_max
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
-        self._indexed = 0
+        self._held: list[int] = []  # the history indexed
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._index = {n: {} for n in range(self.n_min, self.n_max + 1)}
-        self._indexed = 0
+        self._held = []
 
     def warm_up(self, opening: Sequence[int]) -> None:
         pass  # an index of the prompt costs nothing worth doing ahead
@@ -238,11 +272,29 @@ class NgramDrafter:
     def _extend(self, history: Sequence[int]) -> None:
         # index[n][gram]: where continuations of gram start, in order; only positions whose continuation
         # exists, so the history's own last n-gram is never its own match
-        for pos in range(self._indexed, len(history)):
+        held = self._held
+        keep = self._kept(history)
+        for pos in range(len(held) - 1, keep - 1, -1):  # positions whose continuation changed, last first
+            for n, index in self._index.items():
+                if pos >= n:
+                    gram = tuple(held[pos - n : pos])
+                    index[gram].pop()  # each list ascends: pos is its last
+                    if not index[gram]:
+                        del index[gram]
+        del held[keep:]
+        for pos in range(keep, len(history)):
             for n, index in self._index.items():
                 if pos >= n:
                     index.setdefault(tuple(history[pos - n : pos]), []).append(pos)
-        self._indexed = len(history)
+        held.extend(history[keep:])
+
+    def _kept(self, history: Sequence[int]) -> int:
+        """How much of the indexed history `history` still begins with (only the last LOOKAHEAD tokens can
+        differ)."""
+        held = self._held
+        start = max(0, len(held) - LOOKAHEAD)
+        end = min(len(held), len(history))
+        return start + common_prefix(held[start:end], history[start:end])
 
     def _agreement(self, history: Sequence[int], start: int, n: int) -> int:
         """How many tokens before the matched n-gram also equal the ones before the history's own."""
@@ -254,8 +306,14 @@ class NgramDrafter:
         return m
 
     def draft(
-        self, history: Sequence[int], k: int, sampling: SamplingConfig, rng: np.random.Generator
+        self,
+        history: Sequence[int],
+        k: int,
+        sampling: SamplingConfig,
+        rng: np.random.Generator,
+        constraint: Constraint | None = None,
     ) -> Draft:
+        """With a grammar, the copied passage is cut at its first token the grammar does not admit."""
         self._extend(history)
         size = len(history)
         for n in range(min(self.n_max, size), self.n_min - 1, -1):
@@ -270,6 +328,8 @@ class NgramDrafter:
                 out.append(history[at] if at < size else out[at - size])
             # measured on edit prompts (qwen2.5-coder-1.5b): a bare n-gram match kept ~2-4 of 16 drafted
             # tokens, one whose preceding tokens agree too (a copied passage) 8-16
+            if constraint is not None:
+                out = out[: constraint.valid_prefix(out)]
             return Draft(out, kind=int(self._agreement(history, start, n) > 0))
         return Draft([])
 

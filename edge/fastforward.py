@@ -26,7 +26,6 @@ from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
     from edge.grammar import Constraint
-    from edge.speculative import DraftStats
 
 __all__ = ["FF_MAX", "FastForwardDecoding", "ForcedStats"]
 
@@ -65,6 +64,7 @@ class FastForwardDecoding:
         self._sampler = Sampler(SamplingConfig())
         self._row: np.ndarray | None = None
         self._constraint: Constraint | None = None
+        self._forcing = True
 
     def begin(
         self,
@@ -72,17 +72,19 @@ class FastForwardDecoding:
         logits: np.ndarray,
         sampling: SamplingConfig,
         constraint: Constraint | None = None,
+        forcing: bool = True,
     ) -> None:
         self._sampler = Sampler(sampling)
         self._row = logits
         self._constraint = constraint
+        self._forcing = forcing
         self.stats = ForcedStats()
 
     def step(self, history: Sequence[int], budget: int) -> list[int]:
         dec, grammar = self.decoder, self._constraint
         pending = [] if self._row is not None else [history[-1]]  # the last token is not in the KV yet
         room = min(self.k_max, budget - 1, dec.n_ctx - dec.position - len(pending))  # the draw needs budget
-        forced = grammar.forced()[: max(0, room)] if grammar is not None else []
+        forced = grammar.forced()[: max(0, room)] if grammar is not None and self._forcing else []
         rows = self._rows(pending, forced)  # rows[i] scores forced[i]; rows[-1] the token after them
         if forced:
             self.stats.rounds += 1
@@ -103,8 +105,11 @@ class FastForwardDecoding:
                 return seen[len(history) :]
         return [*seen[len(history) :], self._draw(rows[-1], seen)]
 
-    def draft_stats(self) -> DraftStats | None:
+    def draft_stats(self) -> None:
         return None
+
+    def forced_stats(self) -> ForcedStats:
+        return self.stats
 
     def _rows(self, pending: list[int], forced: list[int]) -> np.ndarray:
         """The logits rows of `pending` + `forced` in one forward (the prefill's row stands for the first)."""

@@ -16,7 +16,7 @@ from edge.logprobs import TokenLogprob, check_top, choice_logprobs
 from edge.sampling import Sampler, SamplingConfig
 
 if TYPE_CHECKING:
-    from edge.fastforward import FastForwardDecoding, ForcedStats
+    from edge.fastforward import ForcedStats
     from edge.grammar import Constraint, Grammar
     from edge.models.tokenizer import Tokenizer
     from edge.session import KVSession
@@ -123,9 +123,11 @@ class Decoding(Protocol):
         logits: np.ndarray,
         sampling: SamplingConfig,
         constraint: Constraint | None = None,
+        forcing: bool = True,
     ) -> None:
         """Start after the decoder was reset and fed the prompt; `logits` is its last position's row. With a
-        `constraint`, every token is drawn from what it admits and advances it."""
+        `constraint`, every token is drawn from what it admits and advances it; `forcing`: the tokens it
+        admits alone are fed without a draw where the strategy can (edge.fastforward)."""
         ...
 
     def step(self, history: Sequence[int], budget: int) -> list[int]:
@@ -133,6 +135,10 @@ class Decoding(Protocol):
         ...
 
     def draft_stats(self) -> DraftStats | None: ...
+
+    def forced_stats(self) -> ForcedStats | None:
+        """What forcing did (None: nothing was forced)."""
+        ...
 
 
 class PlainDecoding:
@@ -152,6 +158,7 @@ class PlainDecoding:
         logits: np.ndarray,
         sampling: SamplingConfig,
         constraint: Constraint | None = None,
+        forcing: bool = True,
     ) -> None:
         self._sampler = Sampler(sampling)
         self._logits = logits
@@ -171,6 +178,9 @@ class PlainDecoding:
         return [token]
 
     def draft_stats(self) -> DraftStats | None:
+        return None
+
+    def forced_stats(self) -> None:
         return None
 
 
@@ -211,7 +221,6 @@ class Generation:
         self.logprobs: list[TokenLogprob] = [] if logprobs_into is None else logprobs_into
         self.text = ""
         self.stats = GenerationStats(n_prompt_tokens=len(self.prompt_ids))
-        self._forced: FastForwardDecoding | None = None  # set by _decoding when the grammar's tokens jump
 
     def _check_fits(self) -> None:
         n, ctx = len(self.prompt_ids), self.decoder.n_ctx
@@ -252,7 +261,7 @@ class Generation:
         t1 = time.perf_counter()
         stats.prefill_s = t1 - t0
         if logits is not None:
-            decoding.begin(self.prompt_ids, logits, cfg.sampling, constraint)
+            decoding.begin(self.prompt_ids, logits, cfg.sampling, constraint, cfg.fast_forward)
         t_decode = 0.0
         while logits is not None:
             if len(self.token_ids) >= cfg.max_tokens:
@@ -298,7 +307,7 @@ class Generation:
         stats.n_tokens = len(self.token_ids)
         stats.decode_s = t_decode
         stats.draft = decoding.draft_stats()
-        stats.forced = None if self._forced is None else self._forced.stats
+        stats.forced = decoding.forced_stats()
         if self.session is not None:
             kv = self.session.state()
             stats.n_dropped_tokens, stats.n_kept_tokens = kv.dropped, kv.kept if kv.dropped else 0
@@ -321,12 +330,15 @@ class Generation:
         from edge.grammar import compile_grammar
 
         constraint = compile_grammar(grammar, self.tokenizer, dec.vocab_size)
-        if not self.config.fast_forward or lp is not None:  # NOTE: drafts are not masked yet: plain steps
-            return PlainDecoding(dec, lp), constraint  # (logprobs: each token's own row, so one per forward)
+        if lp is not None:  # each token's own row, so one per forward
+            return PlainDecoding(dec, lp), constraint
+        if self.decoding is not None:  # speculative: drafts masked by the grammar, its forced tokens lead
+            return self.decoding, constraint
+        if not self.config.fast_forward:
+            return PlainDecoding(dec), constraint
         from edge.fastforward import FastForwardDecoding
 
-        self._forced = FastForwardDecoding(dec)
-        return self._forced, constraint
+        return FastForwardDecoding(dec), constraint
 
     def _record(self, decoding: Decoding) -> None:
         """The entry of the token just appended, when logprobs are asked."""

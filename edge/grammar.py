@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -303,6 +303,13 @@ class Constraint:
         ids = self._m.compute_ff_tokens()
         self._check()
         return list(ids)
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, in order, the grammar admits from here (its state unchanged): a draft is cut
+        there."""
+        n = int(self._m.validate_tokens([int(t) for t in tokens]))
+        self._check()
+        return n
 
     def advance(self, token: int) -> None:
         if not self._m.consume_token(int(token)):

@@ -27,9 +27,9 @@ import numpy as np
 
 from edge.devices.base import Decoder, rollback_limit
 from edge.drafters import Draft, Drafter
-from edge.errors import GrammarError
+from edge.fastforward import FF_MAX, ForcedStats
 from edge.kvcache.staging import piece_sizes
-from edge.sampling import SamplingConfig, apply_repeat_penalty, probabilities
+from edge.sampling import SamplingConfig, apply_repeat_penalty, mask_logits, probabilities
 
 if TYPE_CHECKING:
     from edge.grammar import Constraint
@@ -416,6 +416,9 @@ class SpeculativeDecoding:
         self._sampling = SamplingConfig()
         self._rng = np.random.default_rng()
         self._row: np.ndarray | None = None
+        self._rollback = rollback_limit(target)  # forced and drafted tokens of a round roll back together
+        self._constraint: Constraint | None = None
+        self.forced: ForcedStats | None = None  # a constrained generation's forced tokens (fast-forward)
         self._new_choosers()
         self.stats = DraftStats(self.name)
 
@@ -436,13 +439,17 @@ class SpeculativeDecoding:
         logits: np.ndarray,
         sampling: SamplingConfig,
         constraint: Constraint | None = None,
+        forcing: bool = True,
     ) -> None:
-        """Start a generation: the target holds the prompt, `logits` is its last position's row."""
-        if constraint is not None:  # the loop decodes a constrained generation plainly (edge/generate.py)
-            raise GrammarError("speculative decoding does not mask its drafts by a grammar")
+        """Start a generation: the target holds the prompt, `logits` is its last position's row. With a
+        `constraint` every row is masked by the grammar before it judges a token (so sampling keeps the
+        constrained distribution exactly, as plain decoding draws it), drafts hold only tokens the grammar
+        admits, and (`forcing`) the grammar's forced tokens lead each round's draft, as fast-forward feeds them."""
         self._sampling = sampling
         self._rng = np.random.default_rng(sampling.seed)
         self._row = logits
+        self._constraint = constraint
+        self.forced = ForcedStats() if constraint is not None and forcing else None
         for ch in self.choosers:
             ch.new_generation()
         self.stats = DraftStats(self.name)
@@ -452,39 +459,111 @@ class SpeculativeDecoding:
     def step(self, history: Sequence[int], budget: int) -> list[int]:
         """1..budget next tokens; `history` is the prompt and every token returned so far."""
         t0 = time.perf_counter()
-        target, st = self.target, self.stats
+        target = self.target
         pending = [] if self._row is not None else [history[-1]]  # the last token is not in the KV yet
         start = target.position
-        room = target.n_ctx - start - len(pending)  # KV slots left for drafted tokens
-        k, draft, chooser, source = 0, Draft([]), self.choosers[0], self.drafters[0]
-        for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
-            limit = min(cap, budget - 1, room)
-            if drafter.free and limit > 0:  # draft the most, keep what this kind of draft is worth
-                full = drafter.draft(history, limit, self._sampling, self._rng)
-                k = ch.choose(len(full.tokens), full.kind, start, len(pending)) if full.tokens else 0
-                draft = replace(
-                    full, tokens=full.tokens[:k], probs=None if full.probs is None else full.probs[:k]
-                )
-            else:
-                k = ch.choose(limit, 0, start, len(pending))
-                draft = drafter.draft(history, k, self._sampling, self._rng) if k > 0 else Draft([])
-            if draft.tokens:
-                chooser, source = ch, drafter
-                break
+        room = min(budget - 1, target.n_ctx - start - len(pending))  # tokens a round may add before its last
+        forced = self._forced_tokens(room)
+        k, draft, chooser, source = self._draft(history, forced, room, start, len(pending))
         t1 = time.perf_counter()
-        feed = pending + draft.tokens
-        rows = target.forward(feed, last_only=not draft.tokens) if feed else np.empty((0, 0))
+        tokens = [*forced, *draft.tokens]
+        feed = pending + tokens
+        rows = target.forward(feed, last_only=not tokens) if feed else np.empty((0, 0))
         if self._row is not None:  # the prefill already scored the first position
             rows = np.concatenate([self._row[None], rows]) if feed else self._row[None]
             self._row = None
         t2 = time.perf_counter()
-        n_ok, last = self._verify(rows, draft, history)
-        target.rollback(len(draft.tokens) - n_ok)
+        drafted = list(draft.probs) if draft.probs is not None else [None] * len(draft.tokens)
+        n_ok, last = self._verify(rows, tokens, [*([None] * len(forced)), *drafted], history, len(forced))
+        target.rollback(len(tokens) - n_ok)
         t3 = time.perf_counter()
 
         if feed and not chooser.splits(start, len(feed)):  # a cut forward's time is not that of its size
             chooser.observe_forward(len(feed), t2 - t1)
-        if draft.tokens:
+        judged = n_ok >= len(forced)  # a rejected forced token leaves the draft after it unjudged
+        self._count(
+            draft, k, n_ok - len(forced), chooser, source, (t0, t1, t2), fed=bool(feed), judged=judged
+        )
+        if forced and self.forced is not None:
+            self.forced.rounds += 1
+            self.forced.forced += min(n_ok, len(forced))
+            self.forced.rejected += n_ok < len(forced)
+        if feed:  # the first token, picked from the prefill's row, is not a decode step
+            self.stats.tokens += n_ok + (last is not None)
+            self.stats.step_s += t3 - t0
+            if not tokens:
+                self.stats.plain_s += t3 - t0
+        return [*tokens[:n_ok], *([] if last is None else [last])]
+
+    def _forced_tokens(self, room: int) -> list[int]:
+        """The grammar's forced tokens (fast-forward) that lead this round's draft; [] without forcing."""
+        if self.forced is None or self._constraint is None:
+            return []
+        cap = FF_MAX if self._rollback is None else min(FF_MAX, self._rollback)
+        return self._constraint.forced()[: max(0, min(room, cap))]
+
+    def _draft(
+        self, history: Sequence[int], forced: list[int], room: int, position: int, pending: int
+    ) -> tuple[int, Draft, AdaptiveK, Drafter]:
+        """(k chosen, the draft that follows `forced`, its chooser, its drafter): the first drafter that drafts
+        anything, each given the grammar's state after `forced` (rolled back after)."""
+        grammar = self._constraint
+        if grammar is not None:
+            for token in forced:
+                grammar.advance(token)
+        try:
+            if grammar is not None and grammar.done:  # the forced tokens complete the output
+                return 0, Draft([]), self.choosers[0], self.drafters[0]
+            return self._ask(
+                [*history, *forced], room - len(forced), position, pending + len(forced), len(forced)
+            )
+        finally:
+            if grammar is not None:
+                grammar.rollback(len(forced))
+
+    def _ask(
+        self, history: Sequence[int], room: int, position: int, pending: int, used: int
+    ) -> tuple[int, Draft, AdaptiveK, Drafter]:
+        """`pending`: tokens the verify forward carries before the draft; `used`: those of them the target may
+        have to roll back (its rollback limit counts them too)."""
+        reach = None if self._rollback is None else self._rollback - used
+        for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
+            limit = min(cap, room) if reach is None else min(cap, room, reach)
+            if drafter.free and limit > 0:  # draft the most, keep what this kind of draft is worth
+                full = drafter.draft(history, limit, self._sampling, self._rng, self._constraint)
+                k = ch.choose(len(full.tokens), full.kind, position, pending) if full.tokens else 0
+                draft = replace(
+                    full, tokens=full.tokens[:k], probs=None if full.probs is None else full.probs[:k]
+                )
+            else:
+                k = ch.choose(limit, 0, position, pending)
+                draft = (
+                    drafter.draft(history, k, self._sampling, self._rng, self._constraint)
+                    if k > 0
+                    else Draft([])
+                )
+            if draft.tokens:
+                return k, draft, ch, drafter
+        return 0, Draft([]), self.choosers[0], self.drafters[0]
+
+    def _count(
+        self,
+        draft: Draft,
+        k: int,
+        n_ok: int,
+        chooser: AdaptiveK,
+        source: Drafter,
+        times: tuple[float, float, float],
+        *,
+        fed: bool,
+        judged: bool,
+    ) -> None:
+        """The round's drafting statistics and acceptance evidence. `fed`: the round ran a target forward (the
+        first token comes from the prefill's row); `judged`: the target reached the draft (no evidence
+        either way when a forced token before it was rejected)."""
+        st = self.stats
+        t0, t1, t2 = times
+        if draft.tokens and judged:
             chooser.observe_draft(len(draft.tokens), t1 - t0)
             chooser.observe_round(len(draft.tokens), n_ok, draft.kind)
             st.rounds += 1
@@ -498,48 +577,75 @@ class SpeculativeDecoding:
                 counts[0] += len(draft.tokens)
                 counts[1] += n_ok
                 counts[2] += 1
-        elif feed:
+        elif not draft.tokens and fed:
             st.plain_steps += 1
             for ch in self.choosers:
                 ch.observe_plain_step()
         if 1 in chooser.verify:
             st.target_step_s = chooser.verify[1]
-        if feed:  # the first token, picked from the prefill's row, is not a decode step
-            st.tokens += n_ok + 1
-            st.step_s += t3 - t0
-            if not draft.tokens:
-                st.plain_s += t3 - t0
-        return [*draft.tokens[:n_ok], last]
 
     def draft_stats(self) -> DraftStats:
         return self.stats
+
+    def forced_stats(self) -> ForcedStats | None:
+        return self.forced
 
     def close(self) -> None:
         for d in self.drafters:
             d.close()
 
     # -- verification ------------------------------------------------------------------------------
-    def _verify(self, rows: np.ndarray, draft: Draft, history: Sequence[int]) -> tuple[int, int]:
-        """(drafted tokens accepted, the token that follows them) from the target's rows [k + 1, vocab]."""
-        cfg, rng = self._sampling, self._rng
+    def _verify(
+        self,
+        rows: np.ndarray,
+        tokens: Sequence[int],
+        probs: Sequence[np.ndarray | None],
+        history: Sequence[int],
+        n_forced: int = 0,
+    ) -> tuple[int, int | None]:
+        """(drafted tokens accepted, the token that follows them) from the target's rows [k + 1, vocab]; the
+        token is None where the grammar completes at the last accepted one (nothing may follow). `probs`:
+        each token's q row (None: deterministic, q one-hot); the first `n_forced` are the grammar's forced
+        tokens."""
+        cfg, rng, grammar = self._sampling, self._rng, self._constraint
         penalize = cfg.repeat_penalty != 1.0 and cfg.repeat_last_n != 0
         # the repeat penalty looks at the last repeat_last_n tokens, accepted drafts included
         recent = list(history[-cfg.repeat_last_n :] if cfg.repeat_last_n > 0 else history) if penalize else []
-        for i, token in enumerate(draft.tokens):
-            row = apply_repeat_penalty(rows[i], recent, cfg.repeat_penalty, cfg.repeat_last_n)
+        for i, token in enumerate(tokens):
+            row = self._judged(rows[i], recent, forced=i < n_forced)
             if cfg.greedy:
                 best = int(np.argmax(row))
                 if best != token:
-                    return i, best
+                    return i, self._kept(best)
             else:
-                q = draft.probs[i] if draft.probs is not None else None
-                other = self.rule(probabilities(row, cfg), q, token, rng)
+                other = self.rule(probabilities(row, cfg), probs[i], token, rng)
                 if other is not None:
-                    return i, other
+                    return i, self._kept(other)
+            if grammar is not None:
+                grammar.advance(token)
+                if grammar.done:
+                    return i + 1, None
             if penalize:
                 recent.append(token)
-        row = apply_repeat_penalty(rows[len(draft.tokens)], recent, cfg.repeat_penalty, cfg.repeat_last_n)
+        row = self._judged(rows[len(tokens)], recent)
         if cfg.greedy:
-            return len(draft.tokens), int(np.argmax(row))
+            return len(tokens), self._kept(int(np.argmax(row)))
         p = probabilities(row, cfg)
-        return len(draft.tokens), int(rng.choice(p.shape[0], p=p))
+        return len(tokens), self._kept(int(rng.choice(p.shape[0], p=p)))
+
+    def _judged(self, row: np.ndarray, recent: Sequence[int], *, forced: bool = False) -> np.ndarray:
+        """The row a token is judged or drawn by, as plain decoding prepares it: the grammar's mask, then the
+        repeat penalty."""
+        cfg, grammar = self._sampling, self._constraint
+        if grammar is not None:
+            allowed = grammar.allowed()
+            if forced and self.forced is not None and np.count_nonzero(allowed) > 1:
+                self.forced.drawn += 1  # the grammar admits others here too: the row decides
+            row = mask_logits(row, allowed)
+        return apply_repeat_penalty(row, recent, cfg.repeat_penalty, cfg.repeat_last_n)
+
+    def _kept(self, token: int) -> int:
+        """A token drawn by the round (a correction or the bonus), the grammar advanced with it."""
+        if self._constraint is not None:
+            self._constraint.advance(token)
+        return token
