@@ -200,8 +200,6 @@ def _run_notes(m: Any, args: argparse.Namespace, config: Any, loaded: dict[str, 
         notes.append(
             f"edge: note: {m.name} is {_kind(m.name)} with no chat template; running as plain completion"
         )
-    if config.grammar is not None and args.draft not in ("auto", "none"):
-        notes.append(f"edge: note: --draft {args.draft} is off for --json-schema (drafts are not masked)")
     return notes
 
 
