@@ -15,6 +15,11 @@ measurement (interleaved rounds), and its result is reused until the file, the C
 "Fastest" is the time of a reference request, 128 prompt tokens (the first prompt after load) and 128 tokens
 decoded, as `edge bench` measures by default. Only the own graphs honour `--precision exact`, so an exact
 request chooses among them; a file the own graphs refuse (models/arch.py) goes to llama.cpp.
+
+By phase: a measured run also weighs a split (devices/auto_split.py): the fastest prefill half and the fastest
+decode half of the own graphs it measured (whole backends, and the halves of the phase plans it measured, such
+as OpenVINO's bf16 prompt half), chosen only where that request runs SPLIT_MARGIN faster than the fastest single
+backend; the prior and the default never split.
 """
 
 from __future__ import annotations
@@ -28,14 +33,29 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
+from edge.devices.auto_split import (
+    REF_GEN,
+    REF_PROMPT,
+    HalfSpeed,
+    Speed,
+    SplitVerdict,
+    halves_json,
+    parse_halves,
+    phase_table,
+    weigh_split,
+)
 from edge.devices.llamacpp import INSTALL_LLAMACPP
+from edge.devices.precision import BF16
 from edge.errors import BackendUnavailableError, ModelFormatError
 from edge.models.jsonstore import read_json, write_json
 
 __all__ = [
     "AUTO",
     "AUTO_BACKENDS",
+    "REF_GEN",
+    "REF_PROMPT",
     "Choice",
+    "HalfSpeed",
     "Speed",
     "choose_backend",
     "machine_key",
@@ -47,31 +67,29 @@ AUTO = "auto"
 # The backends auto chooses between, in the order a tie goes.
 AUTO_BACKENDS = ("llamacpp", "ort", "openvino")
 GRAPH_BACKENDS = ("ort", "openvino")
-REF_PROMPT, REF_GEN = 128, 128  # the reference request "fastest" is timed on
 SPEEDS_FILE = "backend-speed.json"
 _FORMAT = 1
 _DISTS = {"llamacpp": "llama-cpp-python", "ort": "onnxruntime", "openvino": "openvino"}
 
 
 @dataclass(frozen=True)
-class Speed:
-    prefill_tok_s: float  # the first prompt after load
-    decode_tok_s: float
-
-    def request_s(self) -> float:
-        return REF_PROMPT / self.prefill_tok_s + REF_GEN / self.decode_tok_s
-
-
-@dataclass(frozen=True)
 class Choice:
     """What auto chose and why. `source`: measured | prior | default | only (one candidate) | refused (the own
-    graphs do not run the file; `note` says why)."""
+    graphs do not run the file; `note` says why). `split`: the split by phase the measurement allowed, weighed
+    against the fastest single backend; when it is chosen, `backend` is its label (`openvino:bf16+ort`) and
+    `plan` the `--plan` it opens as."""
 
     backend: str
     source: str
     why: str
     speeds: Mapping[str, Speed] = field(default_factory=dict)
     note: str | None = None
+    split: SplitVerdict | None = None
+
+    @property
+    def plan(self) -> str | None:
+        """The phase plan auto runs (`prefill=...,decode=...`), or None for one backend."""
+        return self.split.plan if self.split is not None and self.split.chosen else None
 
     @property
     def label(self) -> str:
@@ -83,12 +101,15 @@ class Choice:
         lines = [f"backend auto -> {self.backend} ({self.source}): {self.why}"]
         if not figures or not self.speeds:
             return lines[0]
+        if self.split is not None:
+            lines += ["  " + line for line in self.split.explain()]
         if self.source == "prior":
             lines.append("  the recorded speeds (another machine's, not measured here):")
         fastest = min((s.request_s() for s in self.speeds.values()), default=0.0)
         for b, s in sorted(self.speeds.items(), key=lambda kv: kv[1].request_s()):
+            warm = "" if s.prefill_warm_tok_s is None else f" (warm {s.prefill_warm_tok_s:.0f})"
             lines.append(
-                f"  {b:<9} prefill {s.prefill_tok_s:7.0f} tok/s  decode {s.decode_tok_s:6.1f} tok/s  "
+                f"  {b:<9} prefill {s.prefill_tok_s:7.0f} tok/s{warm}  decode {s.decode_tok_s:6.1f} tok/s  "
                 f"{REF_PROMPT}+{REF_GEN}-token request {s.request_s():5.2f} s ({s.request_s() / fastest:.2f}x)"
             )
         return "\n".join(lines)
@@ -164,19 +185,35 @@ def _parse_speeds(raw: object) -> dict[str, Speed]:
         return out
     for b, s in raw.items():
         try:
-            speed = Speed(float(s["prefill_tok_s"]), float(s["decode_tok_s"]))
-        except (TypeError, KeyError, ValueError):
+            warm = s.get("prefill_warm_tok_s")  # absent in records before auto by phase
+            warm = float(warm) if warm is not None and float(warm) > 0 else None
+            speed = Speed(float(s["prefill_tok_s"]), float(s["decode_tok_s"]), warm)
+        except (AttributeError, TypeError, KeyError, ValueError):
             continue
         if b in AUTO_BACKENDS and speed.prefill_tok_s > 0 and speed.decode_tok_s > 0:
             out[b] = speed
     return out
 
 
+def _speed_json(s: Speed) -> dict[str, float]:
+    out = {"prefill_tok_s": round(s.prefill_tok_s, 2), "decode_tok_s": round(s.decode_tok_s, 2)}
+    if s.prefill_warm_tok_s is not None:
+        out["prefill_warm_tok_s"] = round(s.prefill_warm_tok_s, 2)
+    return out
+
+
 def record_speeds(
-    sha256: str, machine: Mapping[str, Any], precision: str, speeds: Mapping[str, Speed], source: str
+    sha256: str,
+    machine: Mapping[str, Any],
+    precision: str,
+    speeds: Mapping[str, Speed],
+    source: str,
+    halves: Mapping[str, HalfSpeed] | None = None,
 ) -> bool:
     """Remember one measurement run (replacing the earlier one for the same key); runs of fewer than two
-    backends compare nothing and are not kept. Returns whether it was kept."""
+    backends compare nothing and are not kept. `halves`: what the run's phase plans measured of each half
+    (devices/auto_split.py), kept beside the backends (readers before auto by phase skip them). Returns
+    whether it was kept."""
     kept = {b: s for b, s in speeds.items() if b in AUTO_BACKENDS}
     if len(kept) < 2:
         return False
@@ -189,10 +226,8 @@ def record_speeds(
     runs.append(
         {
             **key,
-            "backends": {
-                b: {"prefill_tok_s": round(s.prefill_tok_s, 2), "decode_tok_s": round(s.decode_tok_s, 2)}
-                for b, s in kept.items()
-            },
+            "backends": {b: _speed_json(s) for b, s in kept.items()},
+            **({"halves": halves_json(halves)} if halves else {}),
             "source": source,
             "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
@@ -206,19 +241,24 @@ def _has_runs() -> bool:
     return isinstance(runs, list) and bool(runs)
 
 
-def _measured(sha256: str, machine: Mapping[str, Any], precision: str) -> tuple[dict[str, Speed], str] | None:
+@dataclass(frozen=True)
+class _Run:
+    """One recorded measurement: whole backends, the halves its phase plans measured, where it came from."""
+
+    speeds: dict[str, Speed]
+    halves: dict[str, HalfSpeed]
+    source: str
+
+
+def _measured(sha256: str, machine: Mapping[str, Any], precision: str) -> _Run | None:
     data = read_json(_speeds_path())
     if data.get("format") != _FORMAT or not isinstance(data.get("runs"), list):
         return None
+    key = (sha256, dict(machine), precision)
     for r in reversed(data["runs"]):
-        if isinstance(r, dict) and (r.get("model"), r.get("machine"), r.get("precision")) == (
-            sha256,
-            dict(machine),
-            precision,
-        ):
-            return _parse_speeds(
-                r.get("backends")
-            ), f"{r.get('source', 'edge bench')}, {r.get('recorded', '?')}"
+        if isinstance(r, dict) and (r.get("model"), r.get("machine"), r.get("precision")) == key:
+            source = f"{r.get('source', 'edge bench')}, {r.get('recorded', '?')}"
+            return _Run(_parse_speeds(r.get("backends")), parse_halves(r.get("halves")), source)
     return None
 
 
@@ -279,19 +319,23 @@ def choose_backend(
     threads: int | None = None,
     available: Sequence[str] | None = None,
     batching: bool = False,
+    split: bool = True,
 ) -> Choice:
     """The backend `--backend auto` runs `path` (a GGUF file) on, on this machine's CPU; an installed backend
     refused here (llama.cpp failing its known-answer check) is no candidate, and the note says so.
     `batching`: several sequences will run at once (`edge serve --parallel N`): only the own graphs carry
     them in one forward on one copy of the weights (devices/batch.py), so auto chooses among those unless
-    the file runs only on llama.cpp (which then runs as replicas)."""
+    the file runs only on llama.cpp (which then runs as replicas); a split by phase carries one sequence, so
+    none is chosen then. `split`: whether a split by phase may be chosen where it measured faster
+    (devices/auto_split.py); the caller then opens `Choice.plan`."""
     have, refused = probe_candidates() if available is None else (list(available), {})
+    split = split and not batching
     if batching and own_graph_refusal(path) is None and any(b in GRAPH_BACKENDS for b in have):
         have = [b for b in have if b in GRAPH_BACKENDS]
-        choice = _choose(path, precision, threads, have, refused)
+        choice = _choose(path, precision, threads, have, refused, split)
         note = "parallel requests: only the own graphs batch them on one copy of the weights"
         return replace(choice, note=f"{choice.note}; {note}" if choice.note else note)
-    choice = _choose(path, precision, threads, have, refused)
+    choice = _choose(path, precision, threads, have, refused, split)
     if not refused or choice.backend in refused:
         return choice
     said = "; ".join(f"{b} is not a candidate: {why}" for b, why in refused.items())
@@ -299,7 +343,12 @@ def choose_backend(
 
 
 def _choose(
-    path: Path, precision: str, threads: int | None, have: Sequence[str], refused: Mapping[str, str]
+    path: Path,
+    precision: str,
+    threads: int | None,
+    have: Sequence[str],
+    refused: Mapping[str, str],
+    split: bool,
 ) -> Choice:
     refusal = own_graph_refusal(path)
     if refusal is not None:
@@ -333,11 +382,9 @@ def _choose(
     # NOTE: hashing a file that is not in the catalog costs ~0.5 s/GB once: only when there are measurements
     sha = model_sha256(path) if _has_runs() else _catalog_sha256(path)
     found = None if sha is None else _measured(sha, machine_key(threads), precision)
-    if found is not None:
-        speeds, source = found
-        if sum(b in speeds for b in candidates) >= 2:
-            best = _fastest(speeds, candidates)
-            return Choice(best, "measured", f"fastest measured on this machine ({source})", speeds)
+    measured = None if found is None else _from_measurement(found, candidates, precision, split)
+    if measured is not None:
+        return measured
     if precision == "fast":
         choice = _from_prior(path, sha, candidates)
         if choice is not None:
@@ -347,6 +394,41 @@ def _choose(
         "(`edge bench MODEL --backends all` measures)"
     )
     return Choice("ort" if "ort" in candidates else candidates[0], "default", why)
+
+
+def _from_measurement(run: _Run, candidates: Sequence[str], precision: str, split: bool) -> Choice | None:
+    """The fastest single backend the run measured (two or more candidates, else None), or the split by phase
+    its halves allow where that measured faster by the margin (devices/auto_split.py)."""
+    if sum(b in run.speeds for b in candidates) < 2:
+        return None
+    best = _fastest(run.speeds, candidates)
+    verdict = None
+    if split:
+        table = phase_table(run.speeds, run.halves)
+        halves = [k for k in table if _may_split(k, candidates, precision)]
+        verdict = weigh_split(table, halves, best, run.speeds[best].request_s())
+    if verdict is not None and verdict.chosen:
+        why = f"split by phase, measured fastest on this machine ({run.source})"
+        return Choice(verdict.label, "measured", why, run.speeds, split=verdict)
+    why = f"fastest measured on this machine ({run.source})"
+    return Choice(best, "measured", why, run.speeds, split=verdict)
+
+
+def _may_split(half: str, candidates: Sequence[str], precision: str) -> bool:
+    """Whether a half named `backend[:precision]` may run a split here: an own graph installed here, at the
+    run's precision or, at fast, OpenVINO's bf16 where the CPU has a bf16 path (a matrix engine)."""
+    backend, _, own = half.partition(":")
+    if backend not in GRAPH_BACKENDS or backend not in candidates:
+        return False
+    return not own or (own == BF16 and precision == "fast" and backend == "openvino" and bf16_here())
+
+
+def bf16_here() -> bool:
+    """Whether this CPU multiplies in bf16 (AVX512-BF16 or AMX), which OpenVINO's bf16 half needs."""
+    from edge.devices.cpu import probe_cpu
+
+    isa = probe_cpu().isa
+    return bool(isa.get("avx512_bf16") or isa.get("amx"))
 
 
 def _from_prior(path: Path, sha: str | None, candidates: Sequence[str]) -> Choice | None:

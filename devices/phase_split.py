@@ -65,10 +65,12 @@ class PhasePlan:
     def backend(self) -> str:
         """What `edge run --json` names as the backend: both halves, a precision where it is not the run's
         (e.g. "openvino:bf16+ort")."""
-        return "+".join(
-            h.backend + ("" if h.precision == self.precision else f":{h.precision}")
-            for h in (self.prefill, self.decode)
-        )
+        return "+".join(self.half_label(h) for h in (self.prefill, self.decode))
+
+    def half_label(self, half: PhaseHalf) -> str:
+        """One half as `backend` names it: "openvino:bf16", or "ort" at the run's precision (as auto records
+        and reads the halves' speeds, devices/auto_split.py)."""
+        return half.backend + ("" if half.precision == self.precision else f":{half.precision}")
 
     @property
     def device(self) -> str:

@@ -260,9 +260,17 @@ def resolve_request(
     return _open_plan(model, request, options, mode, targets, profiles, dopts, log)
 
 
-def _open_phases(model: CheckedModel, request: DeviceRequest, options: PlannedOptions) -> Opening:
+def _open_phases(
+    model: CheckedModel,
+    request: DeviceRequest,
+    options: PlannedOptions,
+    *,
+    auto: Choice | None = None,
+    fallback: str | None = None,
+) -> Opening:
     """A phase split: each half placed on its (backend, device) as a single device would be, the memory of both
-    halves' weights checked at once, one ring KV between them."""
+    halves' weights checked at once, one ring KV between them. `auto`: --backend auto chose this split (its
+    `plan` is `request.phases`); `fallback`: the device it replaced, when auto's CPU was a fallback."""
     from edge.devices.discovery import discover
     from edge.devices.placement import place
 
@@ -290,7 +298,8 @@ def _open_phases(model: CheckedModel, request: DeviceRequest, options: PlannedOp
         # both halves hold their weights; the KV is the split's one ring (the halves' own stay unwritten)
         need = MemoryEstimate(a.weights + b.weights, a.kv_cache, a.scratch + b.scratch, a.kv_dtype)
         check_fits(need, model.path.name, split.backend, options.n_ctx, options.available_memory)
-    where = Placement(split.backend, split.device, "; ".join(fallbacks) or None)
+    said = "; ".join(f for f in (fallback, *fallbacks) if f) or None
+    where = Placement(split.backend, split.device, said, auto=auto)
 
     def open_split() -> tuple[Decoder, Placement]:
         dec = open_phase_split(model.gguf, split, capacity=options.n_ctx, threads=options.threads)
@@ -317,6 +326,8 @@ def _open_single(
     backend = asked or t.backend
     auto = backend is None and not artifact  # --backend auto on a GGUF: the fastest measured
     choice = _auto_choice(path, options) if auto and t.kind == "cpu" else None
+    if choice is not None and choice.plan is not None:  # auto split it by phase: opened as --plan is
+        return _open_auto_split(model, request, options, choice)
     if backend is None:
         if model.artifact is not None:
             backend = model.artifact.target
@@ -332,12 +343,27 @@ def _open_single(
         placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
     if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
         choice = choice or _auto_choice(path, options)
+        if choice.plan is not None:
+            return _open_auto_split(model, request, options, choice, placement.fallback)
         placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
     _check_fits(placement.backend, model, options.n_ctx, options.available_memory)
     single = placement
     if single.auto is not None:
         return Opening(single, None, lambda: _open_auto(model, single, dopts))
     return Opening(single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single))
+
+
+def _open_auto_split(
+    model: CheckedModel,
+    request: DeviceRequest,
+    options: PlannedOptions,
+    choice: Choice,
+    fallback: str | None = None,
+) -> Opening:
+    """--backend auto's split by phase (devices/auto_split.py), opened as `--plan choice.plan` would be."""
+    assert choice.plan is not None
+    phases = DeviceRequest(fallback=request.fallback, phases=choice.plan)
+    return _open_phases(model, phases, options, auto=choice, fallback=fallback)
 
 
 def _open_artifact_partitions(

@@ -27,6 +27,7 @@ from edge.data import read_text
 from edge.devices.auto import (
     AUTO,
     AUTO_BACKENDS,
+    HalfSpeed,
     Speed,
     choose_backend,
     machine_key,
@@ -519,10 +520,13 @@ def _resolve_auto(cfg: BenchConfig, path: Path) -> tuple[BenchConfig, str | None
             hint="name the backends, e.g. --backends ort,openvino",
         )
     choice = choose_backend(path, precision=cfg.precision, threads=cfg.threads)
-    backends = tuple(dict.fromkeys(choice.backend if b == AUTO else b for b in cfg.backends))
-    against = choice.backend if cfg.against == AUTO else cfg.against
+    # a split by phase: the single backend it beat, and the split as a plan beside it
+    single = choice.backend if choice.split is None or not choice.split.chosen else choice.split.single
+    backends = tuple(dict.fromkeys(single if b == AUTO else b for b in cfg.backends))
+    against = single if cfg.against == AUTO else cfg.against
+    plans = cfg.plans if choice.plan is None else tuple(dict.fromkeys((*cfg.plans, choice.plan)))
     # the choice alone: this run's table is the machine's own figures, and the prior's are another machine's
-    return replace(cfg, backends=backends, against=against), choice.explain(figures=False)
+    return replace(cfg, backends=backends, against=against, plans=plans), choice.explain(figures=False)
 
 
 # the shortest bench run whose rates --backend auto takes (its reference request is 128 + 128 tokens)
@@ -537,9 +541,31 @@ def _record_for_auto(path: Path, cfg: BenchConfig, results: Sequence[BackendResu
     if cfg.prompt_tokens < AUTO_MIN_PROMPT or cfg.gen_tokens < AUTO_MIN_GEN:
         return False
     speeds = {
-        r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median)
+        r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median, r.prefill_warm_tok_s.median)
         for r in results
         if r.backend in AUTO_BACKENDS
     }
     source = f"edge bench, {cfg.repeat} round(s), {cfg.prompt_tokens}-token prompt, {cfg.gen_tokens} decoded"
-    return record_speeds(model_sha256(path), machine_key(cfg.threads), cfg.precision, speeds, source)
+    halves = _measured_halves(cfg, results)
+    return record_speeds(model_sha256(path), machine_key(cfg.threads), cfg.precision, speeds, source, halves)
+
+
+def _measured_halves(cfg: BenchConfig, results: Sequence[BackendResult]) -> dict[str, HalfSpeed]:
+    """What each CPU half of the run's phase plans measured, named as the plan's backend label names it
+    (`openvino:bf16`): the prefill half its prompts (first and warm), the decode half its tokens."""
+    from edge.devices.phase_split import is_phase_plan, parse_phase_plan
+
+    halves: dict[str, HalfSpeed] = {}
+    for r in results:
+        if r.backend not in cfg.plans or not is_phase_plan(r.backend):
+            continue
+        split = parse_phase_plan(r.backend, cfg.precision)
+        measured = (
+            (split.prefill, HalfSpeed(r.prefill_tok_s.median, r.prefill_warm_tok_s.median)),
+            (split.decode, HalfSpeed(decode_tok_s=r.decode_tok_s.median)),
+        )
+        for half, speed in measured:
+            if half.device == "cpu":
+                key = split.half_label(half)
+                halves[key] = halves[key].slowest(speed) if key in halves else speed
+    return halves

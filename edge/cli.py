@@ -162,7 +162,9 @@ def _run_json(m: Any, result: Any, args: argparse.Namespace, precision: str | No
         "backend": result.backend,
         "device": result.device,
         "fallback": result.fallback,
-        "backend_auto": None if p.auto is None else {"source": p.auto.source, "why": p.auto.why},
+        "backend_auto": None
+        if p.auto is None
+        else {"source": p.auto.source, "why": p.auto.why, "plan": p.auto.plan},
         "backend_config": _backend_config(result.backend),
         "precision": precision,
         "draft": None
@@ -232,14 +234,14 @@ def _explain(m: Any) -> str:
     p = m.placement
     phases = m.decoder.capabilities().phases
     if phases is not None:
-        return "\n".join(
-            [
-                f"plan: {m.name} split by phase, one ring-buffer KV ({p.backend} on {p.device})",
-                f"  prefill: {phases.prefill} (forwards of more than {phases.threshold} tokens: prompts)",
-                f"  decode:  {phases.decode} (decode steps, speculative verifies, short turns)",
-                "  why: --plan named the halves",
-            ]
-        )
+        lines = [
+            f"plan: {m.name} split by phase, one ring-buffer KV ({p.backend} on {p.device})",
+            f"  prefill: {phases.prefill} (forwards of more than {phases.threshold} tokens: prompts)",
+            f"  decode:  {phases.decode} (decode steps, speculative verifies, short turns)",
+        ]
+        if p.auto is None:
+            return "\n".join([*lines, "  why: --plan named the halves"])
+        return "\n".join([*lines, *("  " + line for line in p.auto.explain().splitlines())])
     note = f" (fallback {p.fallback})" if p.fallback else ""
     what = "llama.cpp owns the graph" if p.backend == "llamacpp" else "edge's graph with the ring-buffer KV"
     lines = [

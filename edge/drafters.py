@@ -391,7 +391,8 @@ def open_drafter(
     check_vocab_compatible(target_tokenizer, model.tokenizer, target_name, name)
     backend, _, dev = device.rpartition(":")
     if backend in ("", AUTO) and dev == "cpu":
-        backend = choose_backend(model.path, precision=precision, threads=n_threads).backend
+        # a draft runs whole on one backend: no split by phase
+        backend = choose_backend(model.path, precision=precision, threads=n_threads, split=False).backend
     elif backend == AUTO:
         backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
