@@ -63,12 +63,26 @@ def _batch_slot(path: Path, tmp: Path) -> Decoder:
     assert batching is not None, "the ORT graph declares batching"
     slot, sibling = batching.slots(2)
 
-    def busy() -> None:
-        for i in range(40):
-            sibling.forward([1 + i % 7])
-        sibling.close()
+    errors: list[BaseException] = []
 
-    threading.Thread(target=busy, daemon=True).start()
+    def busy() -> None:
+        try:
+            for i in range(40):
+                sibling.forward([1 + i % 7])
+        except BaseException as exc:  # seen by the check below, not lost with the thread
+            errors.append(exc)
+        finally:
+            sibling.close()
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+
+    def sibling_ran_clean() -> None:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the sibling slot hung"
+        assert not errors, f"the sibling slot failed: {errors[0]!r}"
+
+    _AFTER.append(sibling_ran_clean)
     return slot
 
 
@@ -83,6 +97,9 @@ def _phase_split(path: Path, tmp: Path) -> Decoder:
     halves = [GraphDecoder(gg, GraphOptions(backend=b, capacity=CTX, threads=1)) for b in ("openvino", "ort")]
     return PhaseSplitDecoder(*halves, threshold=4)
 
+
+# checks an opener leaves for after its decoder is closed (a batch slot's sibling thread)
+_AFTER: list[Callable[[], None]] = []
 
 # name -> (how to open it, whether it is partitioned)
 CASES: dict[str, tuple[Callable[[Path, Path], Decoder], bool]] = {
@@ -102,6 +119,8 @@ def case(request: pytest.FixtureRequest, model_file: Path, tmp_path: Path) -> It
         yield dec, partitioned
     finally:
         dec.close()
+    while _AFTER:
+        _AFTER.pop()()
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> None:
