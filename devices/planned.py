@@ -34,7 +34,13 @@ from edge.devices.planner import (
     plan,
 )
 from edge.devices.registry import BACKENDS, DecoderOptions, estimate_memory
-from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError, PlanError
+from edge.errors import (
+    BackendUnavailableError,
+    DeviceError,
+    InsufficientMemoryError,
+    ModelFormatError,
+    PlanError,
+)
 from edge.models.arch import ArchConfig
 from edge.models.artifact import file_sha256
 from edge.models.build_progress import BuildTask, cached_note
@@ -327,7 +333,10 @@ def _open_single(
     auto = backend is None and not artifact  # --backend auto on a GGUF: the fastest measured
     choice = _auto_choice(path, options) if auto and t.kind == "cpu" else None
     if choice is not None and choice.plan is not None:  # auto split it by phase: opened as --plan is
-        return _open_auto_split(model, request, options, choice)
+        opening = _open_auto_split(model, request, options, choice)
+        if isinstance(opening, Opening):
+            return opening
+        choice = opening  # the split does not fit: the single backend it beat
     if backend is None:
         if model.artifact is not None:
             backend = model.artifact.target
@@ -344,7 +353,10 @@ def _open_single(
     if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
         choice = choice or _auto_choice(path, options)
         if choice.plan is not None:
-            return _open_auto_split(model, request, options, choice, placement.fallback)
+            opening = _open_auto_split(model, request, options, choice, placement.fallback)
+            if isinstance(opening, Opening):
+                return opening
+            choice = opening
         placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
     _check_fits(placement.backend, model, options.n_ctx, options.available_memory)
     single = placement
@@ -359,11 +371,19 @@ def _open_auto_split(
     options: PlannedOptions,
     choice: Choice,
     fallback: str | None = None,
-) -> Opening:
-    """--backend auto's split by phase (devices/auto_split.py), opened as `--plan choice.plan` would be."""
-    assert choice.plan is not None
+) -> Opening | Choice:
+    """--backend auto's split by phase (devices/auto_split.py), opened as `--plan choice.plan` would be; where
+    its two halves' weights do not fit in memory, the choice of the single backend it beat instead (with a
+    note: the user asked for no split, so one that does not fit must not stop the load)."""
+    assert choice.plan is not None and choice.split is not None
     phases = DeviceRequest(fallback=request.fallback, phases=choice.plan)
-    return _open_phases(model, phases, options, auto=choice, fallback=fallback)
+    try:
+        return _open_phases(model, phases, options, auto=choice, fallback=fallback)
+    except InsufficientMemoryError as exc:
+        single = choice.split.single
+        why = f"the split by phase does not fit in memory ({exc.message}); running {single} alone"
+        verdict = replace(choice.split, chosen=False, why=why)
+        return replace(choice, backend=single, why=choice.why, note=why, split=verdict)
 
 
 def _open_artifact_partitions(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
+from edge.drafters import verify_backend
 from edge.errors import InsufficientMemoryError
 from edge.model import Model, chat_template_of
 from edge.models.build_progress import reporting
@@ -116,7 +117,7 @@ def _open(checked: CheckedModel, opts: LoadOptions, on_progress: PullProgress | 
                 decoder,
                 checked.tokenizer,
                 checked.name,
-                target_backend=placement.backend,
+                target_backend=verify_backend(decoder, placement.backend),  # a split's decode half
                 target_path=checked.path,
                 draft_device=opts.draft_device,
                 draft_k=opts.draft_k,

@@ -32,6 +32,7 @@ __all__ = [
     "check_vocab_compatible",
     "open_drafter",
     "open_drafters",
+    "verify_backend",
 ]
 
 log = logging.getLogger(__name__)
@@ -407,6 +408,13 @@ def open_drafter(
 def auto_drafts_on(backend: str) -> bool:
     """Whether `--draft auto` drafts for a target on `backend` (AUTO_DRAFT_BACKENDS says why)."""
     return backend in AUTO_DRAFT_BACKENDS
+
+
+def verify_backend(decoder: Decoder, backend: str) -> str:
+    """The backend a target's verifies run on, which decides drafting: a phase split's decode half (it runs
+    every forward of up to its threshold: decode steps and verifies), else `backend`."""
+    phases = decoder.capabilities().phases
+    return backend if phases is None else phases.decode.split(":", 1)[0]
 
 
 def _auto_candidates(target_path: Path, target_vocab: int) -> list[str]:

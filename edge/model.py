@@ -27,7 +27,7 @@ from edge.devices.base import BatchStats, Decoder, warm_kernels
 from edge.devices.placement import Placement
 from edge.devices.planner import Plan
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
-from edge.drafters import auto_drafts_on
+from edge.drafters import auto_drafts_on, verify_backend
 from edge.errors import ContextOverflowError, DeviceError, DeviceLostError, EdgeError, ToolError
 from edge.generate import Generation, GenerationConfig, GenerationStats
 from edge.logprobs import TokenLogprob
@@ -601,7 +601,7 @@ class Model:
         spec = self.speculative
         if spec is not None:
             auto = self.options.draft == "auto"
-            if auto and not auto_drafts_on(placement.backend):  # as open_drafters decides
+            if auto and not auto_drafts_on(verify_backend(decoder, placement.backend)):  # as open_drafters
                 self.speculative = None
                 with contextlib.suppress(Exception):
                     spec.close()

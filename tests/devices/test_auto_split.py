@@ -179,6 +179,25 @@ def test_loading_opens_the_split_as_a_plan_does(tiny: Path) -> None:
         assert phases is not None and (phases.prefill, phases.decode) == ("openvino:cpu:fast", "ort:cpu:fast")
         assert np.isfinite(m.decoder.forward(list(range(3, 43)), last_only=True)).all()
         assert m.backend_choice is not None and "split by phase (chosen)" in m.backend_choice
+        # --draft auto drafts as on the decode half, which runs the verifies (ORT: prompt lookup)
+        assert m.speculative is not None and m.speculative.name.startswith("ngram"), m.speculative
+
+
+def test_a_split_that_does_not_fit_runs_the_single_backend_it_beat(tiny: Path) -> None:
+    """Auto was not asked to split: a split whose two halves' weights do not fit must not stop the load."""
+    from edge.devices.registry import estimate_memory
+    from edge.models.checked import check_model
+
+    _record(tiny, SPLIT_PAYS)
+    one = estimate_memory("ort", check_model(tiny), 64)
+    assert one is not None
+    free = one.total + one.weights // 2  # one copy of the weights fits, two do not
+    with load(str(tiny), n_ctx=64, n_threads=1, available_memory=free) as m:
+        assert (m.placement.backend, m.decoder.capabilities().phases) == ("ort", None)
+        auto_choice = m.placement.auto
+        assert auto_choice is not None and auto_choice.plan is None
+        assert auto_choice.note is not None and "does not fit in memory" in auto_choice.note
+        assert np.isfinite(m.decoder.forward(list(range(3, 13)), last_only=True)).all()
 
 
 def test_edge_bench_records_the_halves_it_measured(tiny: Path) -> None:
