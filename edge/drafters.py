@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from edge.devices.base import Decoder, rollback_limit, warm_kernels
+from edge.devices.base import Decoder, rollback_limit, rollback_reach, warm_kernels
 from edge.errors import EdgeError, VocabMismatchError
 from edge.history import common_prefix
 from edge.sampling import SamplingConfig, apply_repeat_penalty, mask_logits, probabilities
@@ -162,6 +162,11 @@ class ModelDrafter:
         while n < end and tokens[n] == history[n]:
             n += 1
         n = min(n, len(history) - 1)  # feed at least one token: its row is the one we need
+        reach = rollback_reach(self.decoder)
+        if reach is not None and len(tokens) - n > reach:  # too far back to undo: feed it all again
+            self.decoder.reset()
+            tokens.clear()
+            n = 0
         if n < len(tokens):
             self.decoder.rollback(len(tokens) - n)
             del tokens[n:]
@@ -207,6 +212,8 @@ class ModelDrafter:
                 row = self._row(logits)
                 if constraint is not None:
                     row = mask_logits(row, constraint.allowed())
+                    if not np.isfinite(row).any():  # it admits only ids past the draft's vocabulary
+                        break
                 if penalize:
                     row = apply_repeat_penalty(row, recent, sampling.repeat_penalty, sampling.repeat_last_n)
                 token, q, confidence = self._pick(row, sampling, rng)

@@ -29,7 +29,7 @@ from edge.devices.base import Decoder, rollback_limit
 from edge.drafters import Draft, Drafter
 from edge.fastforward import FF_MAX, ForcedStats
 from edge.kvcache.staging import piece_sizes
-from edge.sampling import SamplingConfig, apply_repeat_penalty, mask_logits, probabilities
+from edge.sampling import Sampler, SamplingConfig, probabilities
 
 if TYPE_CHECKING:
     from edge.grammar import Constraint
@@ -296,9 +296,13 @@ class AdaptiveK:
         """The estimate for kind 0 (every draft of a draft model)."""
         return self.alpha_of(0)
 
-    def choose(self, limit: int, kind: int = 0, position: int | None = None, pending: int = 1) -> int:
+    def choose(
+        self, limit: int, kind: int = 0, position: int | None = None, pending: int = 1, forced: int = 0
+    ) -> int:
         """k for this round; `position`: where the target's forward of `pending` + k tokens starts (its cost
-        then counts the pieces it is cut into), None: any k + 1 tokens cost one forward of that size."""
+        then counts the pieces it is cut into), None: any k + 1 tokens cost one forward of that size.
+        `forced`: tokens the forward carries anyway after `pending` (a grammar's forced tokens, kept): the
+        draft is weighed by what it adds to that forward, not against a one-token step."""
         cfg = self.cfg
         limit = min(limit, cfg.k_max)
         if limit <= 0:
@@ -309,24 +313,32 @@ class AdaptiveK:
             return 0  # measure a plain step first: every other choice is weighed against it
         if self.draft_s is None:
             return min(cfg.k_probe, limit)
-        best_k = self._best(limit, self.alpha_of(kind), position, pending)
+        best_k = self._best(limit, self.alpha_of(kind), position, pending, forced)
         self._idle = 0 if best_k else self._idle + 1
         # Evidence only comes from drafting: after a long stretch of plain steps, probe once, as long as a
         # draft could pay at all (at 100% acceptance); else a bad stretch would stop drafting for good.
-        if self._idle >= _EXPLORE_AFTER and self._best(limit, 1.0, position, pending):
+        if self._idle >= _EXPLORE_AFTER and self._best(limit, 1.0, position, pending, forced):
             self._idle = 0
             return min(cfg.k_probe, limit)
         return best_k
 
-    def _best(self, limit: int, a: float, position: int | None = None, pending: int = 1) -> int:
-        best_k, best_rate = 0, 1.0 / self.verify[1]
+    def _best(
+        self, limit: int, a: float, position: int | None = None, pending: int = 1, forced: int = 0
+    ) -> int:
+        def cost(n: int) -> float:  # a forward of n tokens after `pending`
+            return (
+                self.forward_cost(position, pending + n) if position is not None else self._verify_cost(n + 1)
+            )
+
+        # The forced tokens ride in the forward anyway and are not the draft's to earn: a draft is weighed by
+        # what it adds to that forward, as if the forward without it were one plain step
+        plain = self.verify[1]
+        offset = cost(forced) - plain if forced else 0.0
+        best_k, best_rate = 0, 1.0 / plain
         assert self.draft_s is not None
         for k in range(1, limit + 1):
             expected = (1.0 - a ** (k + 1)) / (1.0 - a) if a < 1.0 else k + 1.0
-            cost = (
-                self.forward_cost(position, pending + k) if position is not None else self._verify_cost(k + 1)
-            )
-            rate = expected / (k * self.draft_s + cost)
+            rate = expected / (k * self.draft_s + cost(forced + k) - offset)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k
@@ -414,6 +426,7 @@ class SpeculativeDecoding:
         ]
         self.k_cap = max(self.k_caps)
         self._sampling = SamplingConfig()
+        self._sampler = Sampler(self._sampling)
         self._rng = np.random.default_rng()
         self._row: np.ndarray | None = None
         self._rollback = rollback_limit(target)  # forced and drafted tokens of a round roll back together
@@ -446,6 +459,7 @@ class SpeculativeDecoding:
         constrained distribution exactly, as plain decoding draws it), drafts hold only tokens the grammar
         admits, and (`forcing`) the grammar's forced tokens lead each round's draft, as fast-forward feeds them."""
         self._sampling = sampling
+        self._sampler = Sampler(sampling)  # prepares the rows as plain decoding does (its draws use _rng)
         self._rng = np.random.default_rng(sampling.seed)
         self._row = logits
         self._constraint = constraint
@@ -482,7 +496,7 @@ class SpeculativeDecoding:
             chooser.observe_forward(len(feed), t2 - t1)
         judged = n_ok >= len(forced)  # a rejected forced token leaves the draft after it unjudged
         self._count(
-            draft, k, n_ok - len(forced), chooser, source, (t0, t1, t2), fed=bool(feed), judged=judged
+            draft, k, max(0, n_ok - len(forced)), chooser, source, (t0, t1, t2), fed=bool(feed), judged=judged
         )
         if forced and self.forced is not None:
             self.forced.rounds += 1
@@ -491,7 +505,7 @@ class SpeculativeDecoding:
         if feed:  # the first token, picked from the prefill's row, is not a decode step
             self.stats.tokens += n_ok + (last is not None)
             self.stats.step_s += t3 - t0
-            if not tokens:
+            if not draft.tokens:  # as plain_steps counts them (forced tokens may ride: see ForcedStats)
                 self.stats.plain_s += t3 - t0
         return [*tokens[:n_ok], *([] if last is None else [last])]
 
@@ -514,29 +528,28 @@ class SpeculativeDecoding:
         try:
             if grammar is not None and grammar.done:  # the forced tokens complete the output
                 return 0, Draft([]), self.choosers[0], self.drafters[0]
-            return self._ask(
-                [*history, *forced], room - len(forced), position, pending + len(forced), len(forced)
-            )
+            return self._ask([*history, *forced], room - len(forced), position, pending, len(forced))
         finally:
             if grammar is not None:
                 grammar.rollback(len(forced))
 
     def _ask(
-        self, history: Sequence[int], room: int, position: int, pending: int, used: int
+        self, history: Sequence[int], room: int, position: int, pending: int, forced: int
     ) -> tuple[int, Draft, AdaptiveK, Drafter]:
-        """`pending`: tokens the verify forward carries before the draft; `used`: those of them the target may
-        have to roll back (its rollback limit counts them too)."""
-        reach = None if self._rollback is None else self._rollback - used
+        """`pending`: the token the verify forward carries first (0 or 1); `forced`: the forced tokens after it,
+        which the target and a draft model may have to roll back with the draft (their limits count them)."""
         for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
-            limit = min(cap, room) if reach is None else min(cap, room, reach)
+            limit = min(cap, room)
+            for reach in (self._rollback, drafter.max_k):
+                limit = limit if reach is None else min(limit, reach - forced)
             if drafter.free and limit > 0:  # draft the most, keep what this kind of draft is worth
                 full = drafter.draft(history, limit, self._sampling, self._rng, self._constraint)
-                k = ch.choose(len(full.tokens), full.kind, position, pending) if full.tokens else 0
+                k = ch.choose(len(full.tokens), full.kind, position, pending, forced) if full.tokens else 0
                 draft = replace(
                     full, tokens=full.tokens[:k], probs=None if full.probs is None else full.probs[:k]
                 )
             else:
-                k = ch.choose(limit, 0, position, pending)
+                k = ch.choose(limit, 0, position, pending, forced)
                 draft = (
                     drafter.draft(history, k, self._sampling, self._rng, self._constraint)
                     if k > 0
@@ -563,21 +576,22 @@ class SpeculativeDecoding:
         either way when a forced token before it was rejected)."""
         st = self.stats
         t0, t1, t2 = times
-        if draft.tokens and judged:
-            chooser.observe_draft(len(draft.tokens), t1 - t0)
-            chooser.observe_round(len(draft.tokens), n_ok, draft.kind)
+        if draft.tokens:
             st.rounds += 1
             st.k_chosen += k
             st.drafted += len(draft.tokens)
             st.accepted += n_ok
             st.draft_s += t1 - t0
             st.verify_s += t2 - t1
+            if judged:
+                chooser.observe_draft(len(draft.tokens), t1 - t0)
+                chooser.observe_round(len(draft.tokens), n_ok, draft.kind)
             if len(self.drafters) > 1:
                 counts = st.sources.setdefault(source.name, [0, 0, 0])
                 counts[0] += len(draft.tokens)
                 counts[1] += n_ok
                 counts[2] += 1
-        elif not draft.tokens and fed:
+        elif fed:
             st.plain_steps += 1
             for ch in self.choosers:
                 ch.observe_plain_step()
@@ -636,13 +650,12 @@ class SpeculativeDecoding:
     def _judged(self, row: np.ndarray, recent: Sequence[int], *, forced: bool = False) -> np.ndarray:
         """The row a token is judged or drawn by, as plain decoding prepares it: the grammar's mask, then the
         repeat penalty."""
-        cfg, grammar = self._sampling, self._constraint
+        grammar, allowed = self._constraint, None
         if grammar is not None:
             allowed = grammar.allowed()
             if forced and self.forced is not None and np.count_nonzero(allowed) > 1:
                 self.forced.drawn += 1  # the grammar admits others here too: the row decides
-            row = mask_logits(row, allowed)
-        return apply_repeat_penalty(row, recent, cfg.repeat_penalty, cfg.repeat_last_n)
+        return self._sampler.prepare(row, recent, allowed)
 
     def _kept(self, token: int) -> int:
         """A token drawn by the round (a correction or the bonus), the grammar advanced with it."""

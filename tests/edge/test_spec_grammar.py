@@ -30,7 +30,7 @@ from edge.grammar import Grammar, compile_grammar
 from edge.models.gguf_file import open_gguf
 from edge.models.tokenizer import Tokenizer
 from edge.sampling import SamplingConfig, mask_logits, probabilities
-from edge.speculative import AcceptRule, SpecConfig, SpeculativeDecoding, rejection_rule
+from edge.speculative import AcceptRule, AdaptiveK, SpecConfig, SpeculativeDecoding, rejection_rule
 from tests.edge.test_grammar import PERSON
 
 # the fixtures of test_speculative: the tiny target, a one-layer draft of the same vocabulary, the tokenizer
@@ -177,6 +177,95 @@ def test_first_sampled_token_has_the_masked_target_distribution(
     assert (stat < critical) == exact
 
 
+def test_the_token_after_forced_ones_has_the_masked_target_distribution(
+    target: Decoder,  # noqa: F811
+    tokenizer: Tokenizer,  # noqa: F811
+    files: dict[str, Path],  # noqa: F811
+) -> None:
+    """A round whose draft follows forced tokens: each drafted token is judged against its own q row (the
+    forced ones have none), so the first token drawn after them keeps the target's masked distribution."""
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    grammar = compile_grammar(Grammar("regex", "ab[a-z]{2,6}"), tokenizer, N_VOCAB)
+    forced = grammar.forced()
+    assert tokenizer.decode_bytes(forced) == b"ab"
+    target.reset()
+    logits = target.forward(PROMPT, last_only=True)[-1]
+    after = target.forward(forced, last_only=True)[-1]
+    for t in forced:
+        grammar.advance(t)
+    allowed = grammar.allowed()
+    p = probabilities(mask_logits(after, allowed), sampling)
+    grammar.rollback(len(forced))
+    drafter = ModelDrafter(llama(files["draft"]), "random", N_VOCAB)
+    spec = SpeculativeDecoding(target, drafter, SpecConfig(adaptive=False, k_max=3))
+    n = 4000
+    counts = np.zeros(N_VOCAB, dtype=np.int64)
+    try:
+        for seed in range(n):
+            target.rollback(target.position - len(PROMPT))
+            spec.begin(PROMPT, logits, replace(sampling, seed=seed), grammar)
+            out = spec.step(PROMPT, budget=8)
+            assert out[: len(forced)] == forced and spec.stats.drafted == 3
+            counts[out[len(forced)]] += 1
+            grammar.rollback(len(out))
+    finally:
+        drafter.close()
+    assert not counts[~allowed].any()
+    stat, df = chi2_statistic(counts, p)
+    critical = chi2_critical(df)
+    print(f"\nafter forced tokens: chi2 {stat:.0f} on {df} df, critical(0.001) {critical:.0f}")
+    assert stat < critical
+
+
+def test_forced_and_drafted_tokens_stay_within_the_rollback_limit(
+    tokenizer: Tokenizer,  # noqa: F811
+    files: dict[str, Path],  # noqa: F811
+    edge_cache: Path,
+) -> None:
+    """A ring that has wrapped undoes only its last 4 tokens: a round's forced and drafted tokens together
+    stay within that, since a forced token the row rejects (where the grammar admits others too) rolls back
+    the draft after it as well; the generation after the wrap, rejections and all, is the one without."""
+    opts = GraphOptions(backend="ort", threads=1, capacity=64, max_rollback=4)
+    ring = GraphDecoder(open_gguf(files["target"]), opts)
+    prompt = a_person(tokenizer)  # longer than the ring: it has wrapped before the first token
+    drafter = drafter_for("random", files)
+    try:
+        periodic = [5, 6, 7] * 8  # prompt lookup would draft any length here
+        lookup = SpeculativeDecoding(ring, NgramDrafter(), SpecConfig(adaptive=False, k_max=16))
+        lookup.drafters[0].begin(periodic)
+        for n_forced in range(5):
+            _, draft, _, _ = lookup._ask(periodic, 16, 0, 1, n_forced)
+            assert n_forced + len(draft.tokens) <= 4, (n_forced, draft.tokens)
+        alone = constrained(ring, tokenizer, prompt)
+        spec = constrained(ring, tokenizer, prompt, drafter, SpecConfig(adaptive=False, k_max=6))
+    finally:
+        drafter.close()
+        ring.close()
+    assert spec.token_ids == alone.token_ids
+    forced, drafted = spec.stats.forced, spec.stats.draft
+    assert forced is not None and forced.forced > 0 and drafted is not None and drafted.drafted > 0
+    assert drafted.accepted < drafted.drafted  # drafts were rejected, so rollbacks ran after the wrap
+
+
+def test_a_draft_after_forced_tokens_is_weighed_by_what_it_adds() -> None:
+    """The forward carries the forced tokens anyway: a draft pays when its expected tokens per added cost
+    beat plain steps, not when the whole forward beats a one-token step."""
+    k = AdaptiveK(SpecConfig(k_max=16, k_probe=4))
+    k.observe_forward(1, 0.010)
+    for n, s in ((2, 0.0125), (4, 0.0175), (8, 0.0275), (16, 0.0475)):
+        k.observe_forward(n, s)
+    k.observe_draft(4, 0.004)  # 1 ms a drafted token
+    for _ in range(10):
+        k.observe_round(5, 4)  # alpha ~0.8
+    plain = k.choose(6, 0, None, 1)
+    assert plain > 0
+    for forced in (4, 10):
+        assert k.choose(6, 0, None, 1, forced) > 0, forced
+    slow = AdaptiveK(k.cfg, {n: 0.010 * n for n in range(1, 18)})  # a full step a token: never pays
+    slow.observe_draft(4, 0.004)
+    assert slow.choose(6, 0, None, 1, 4) == 0
+
+
 def test_lookup_forgets_a_tail_that_was_not_kept() -> None:
     greedy, rng = SamplingConfig(), np.random.default_rng(0)
     base = [5, 6, 7, 8, 5, 6, 9, 5, 6]
@@ -196,10 +285,16 @@ def test_draft_model_forgets_a_tail_that_was_not_kept(files: dict[str, Path]) ->
     try:
         drafter.begin(PROMPT)
         drafter.draft([*PROMPT, 40, 41, 42], 3, greedy, rng)
-        got = drafter.draft([*PROMPT, 43], 5, greedy, rng)
+        got = drafter.draft([*PROMPT, 43], 5, greedy, rng)  # shorter than what it looked ahead at
         fresh.begin(PROMPT)
         assert got == fresh.draft([*PROMPT, 43], 5, greedy, rng)
         assert drafter.decoder.position == len(drafter._tokens)
+        drafter.begin(PROMPT)
+        drafter.draft([*PROMPT, 40, 41, 42], 3, greedy, rng)
+        got = drafter.draft([*PROMPT, 43, 44, 45], 5, greedy, rng)  # as long, every looked-ahead token other
+        fresh.begin(PROMPT)
+        assert got == fresh.draft([*PROMPT, 43, 44, 45], 5, greedy, rng)
+        assert drafter._tokens[len(PROMPT) :][:3] == [43, 44, 45]
     finally:
         drafter.close()
         fresh.close()
