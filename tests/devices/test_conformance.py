@@ -118,9 +118,12 @@ def case(request: pytest.FixtureRequest, model_file: Path, tmp_path: Path) -> It
     try:
         yield dec, partitioned
     finally:
-        dec.close()
-    while _AFTER:
-        _AFTER.pop()()
+        checks, _AFTER[:] = list(_AFTER), []  # this case's, whatever happens below
+        try:
+            dec.close()
+        finally:
+            for check in checks:
+                check()
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> None:
