@@ -2,6 +2,10 @@
 
 Both decoders are teacher-forced over the same token ids in lockstep, a chunk at a time, so only two
 [chunk, vocab] logit blocks are alive at once (not [N, vocab] twice) and per-token results are O(N) floats.
+
+`test_prompt` gives the tested decoder each window's first tokens in one forward, as a prompt (a phase split's
+prefill half runs it), and the rest in `test_chunk` pieces (its decode path over the prompt's K/V); the prompt's
+rows and the rows after are then also reported apart. Those prompt logits are alive whole: test_prompt x vocab.
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import numpy as np
 
 from edge.data import read_text
 from edge.devices.base import Decoder
+from edge.devices.phase_split import parse_phase_plan
+from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
 from edge.devices.registry import DecoderOptions, check_precision, open_decoder, require_backend
 from edge.errors import EdgeError
 from edge.metrics import EvalMetrics, RowStats, compare_rows, summarize
 from edge.models.artifact import is_artifact
-from edge.models.checked import check_model
+from edge.models.checked import CheckedModel, check_model
 from edge.models.tokenizer import Tokenizer
 
 __all__ = ["EvalConfig", "EvalResult", "evaluate"]
@@ -41,6 +47,11 @@ class EvalConfig:
     threads: int | None = None
     precision: str = "fast"  # the tested backend's
     reference_precision: str = "fast"
+    # the tested decoder split by phase, in place of `backend` (--plan prefill=B:D[:P],decode=B:D[:P])
+    plan: str | None = None
+    # tokens at each window's start the tested decoder takes in one forward (its prompt path), before its
+    # `test_chunk` pieces; None: no prompt, every block in `test_chunk` pieces
+    test_prompt: int | None = None
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -51,6 +62,12 @@ class EvalConfig:
             raise ValueError("chunk must be >= 1 and max_ctx >= 2")
         if self.test_chunk is not None and self.test_chunk < 1:
             raise ValueError(f"--test-chunk must be >= 1 (got {self.test_chunk})")
+        if self.test_prompt is not None and not 1 <= self.test_prompt < self.tokens:
+            raise ValueError(f"--test-prompt must be >= 1 and below --tokens (got {self.test_prompt})")
+        if self.plan is not None:
+            if self.backend is not None:
+                raise ValueError("--plan names the tested halves' backends; it takes no --backend")
+            parse_phase_plan(self.plan, self.precision)  # a PlanError now, before any model loads
 
 
 @dataclass(frozen=True)
@@ -61,9 +78,14 @@ class EvalResult:
     text: str
     metrics: EvalMetrics
     test_chunk: int  # tokens per forward the tested backend was given
+    plan: str | None = None
+    test_prompt: int | None = None
+    prompt: EvalMetrics | None = None  # with test_prompt: the prompts' rows alone
+    after: EvalMetrics | None = None  # and the rows after them (None when no token followed a prompt)
 
     def to_dict(self) -> dict[str, Any]:
         m = asdict(self.metrics)
+        parts = {k: asdict(v) for k, v in (("prompt", self.prompt), ("after", self.after)) if v is not None}
         return {
             "model": self.model,
             "backend": self.backend,
@@ -71,6 +93,9 @@ class EvalResult:
             **m,
             "text": self.text,
             "test_chunk": self.test_chunk,
+            "plan": self.plan,
+            "test_prompt": self.test_prompt,
+            **parts,
         }
 
 
@@ -115,22 +140,56 @@ def evaluate(
                 hint="convert the reference from the same model (any quantization of it)",
             )
     require_backend(ref_backend)
-    require_backend(backend)
+    if cfg.plan is None:
+        require_backend(backend)
     ids = text_ids(checked.tokenizer, read_text(cfg.text), cfg.tokens)
     window = min(len(ids), cfg.max_ctx, _context_length(gguf.metadata) or cfg.max_ctx)
     opts = DecoderOptions(n_ctx=window, n_threads=cfg.threads, precision=cfg.reference_precision)
     ref_dec = open_decoder(ref_backend, ref, cfg.device, opts)
     try:
-        test = open_decoder(backend, checked, cfg.device, replace(opts, precision=cfg.precision))
+        test, backend = _open_test(checked, backend, cfg, opts)
         try:
-            rows = _teacher_force(ref_dec, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk)
+            _check_prompt_path(test, cfg.test_prompt)
+            rows = _teacher_force(
+                ref_dec, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk, cfg.test_prompt
+            )
         finally:
             test.close()
     finally:
         ref_dec.close()
     text = str(cfg.text) if cfg.text is not None else "edge/data/eval.txt"
     piece = min(cfg.test_chunk or cfg.chunk, cfg.chunk)
-    return EvalResult(model, backend, cfg.reference, text, summarize(rows), piece)
+    prompt, after = rows
+    parts = (
+        (None, None) if cfg.test_prompt is None else (summarize(prompt), summarize(after) if after else None)
+    )
+    metrics = summarize(prompt + after)
+    return EvalResult(model, backend, cfg.reference, text, metrics, piece, cfg.plan, cfg.test_prompt, *parts)
+
+
+def _open_test(
+    checked: CheckedModel, backend: str, cfg: EvalConfig, opts: DecoderOptions
+) -> tuple[Decoder, str]:
+    """The tested decoder and its backend's name: `backend` alone, or the phase split `cfg.plan` names."""
+    if cfg.plan is None:
+        return open_decoder(backend, checked, cfg.device, replace(opts, precision=cfg.precision)), backend
+    request = DeviceRequest(device=cfg.device, phases=cfg.plan)
+    options = PlannedOptions(n_ctx=opts.n_ctx, threads=cfg.threads, precision=cfg.precision)
+    dec, placement, _ = open_requested(checked, request, options)
+    return dec, placement.backend
+
+
+def _check_prompt_path(test: Decoder, test_prompt: int | None) -> None:
+    """A split runs a forward on its prefill half only when it is longer than its threshold: a shorter
+    --test-prompt would score the decode half alone and call it the split's."""
+    phases = test.capabilities().phases
+    if phases is None or test_prompt is None or test_prompt > phases.threshold:
+        return
+    raise EdgeError(
+        f"--test-prompt {test_prompt} is no prompt to this split: its prefill half ({phases.prefill}) takes "
+        f"forwards of more than {phases.threshold} tokens",
+        hint=f"pass --test-prompt {phases.threshold + 1} or more",
+    )
 
 
 def _teacher_force(
@@ -141,20 +200,34 @@ def _teacher_force(
     chunk: int,
     on_progress: Callable[[int, int], None] | None,
     test_chunk: int | None = None,
-) -> list[RowStats]:
-    """Row j of the logits predicts ids[j + 1]; every id but the first is scored once.
+    test_prompt: int | None = None,
+) -> tuple[list[RowStats], list[RowStats]]:
+    """Row j of the logits predicts ids[j + 1]; every id but the first is scored once. Returns the rows of the
+    tested decoder's prompts (each window's first `test_prompt` tokens, one forward) and the rows after them.
 
-    The test decoder takes each block in pieces of `test_chunk` tokens (same logits rows, another code path).
+    The test decoder takes the other blocks in pieces of `test_chunk` tokens (same logits rows, another code
+    path).
     """
     if ref.vocab_size != test.vocab_size:
         raise EdgeError(f"vocab sizes differ: reference {ref.vocab_size}, test {test.vocab_size}")
     total = len(ids) - 1
+    prompts: list[RowStats] = []
     rows: list[RowStats] = []
     for start in range(0, total, window):
         ref.reset()
         test.reset()
         end = min(start + window, total)
-        for s in range(start, end, chunk):
+        mid = start if test_prompt is None else min(start + test_prompt, end)
+        if mid > start:
+            logits = test.forward(ids[start:mid])  # [mid - start, vocab]: the tested decoder's prompt path
+            for s in range(start, mid, chunk):
+                e = min(s + chunk, mid)
+                got = logits[s - start : e - start]
+                prompts.append(compare_rows(ref.forward(ids[s:e]), got, ids[s + 1 : e + 1]))
+                if on_progress is not None:
+                    on_progress(e, total)
+            del logits
+        for s in range(mid, end, chunk):
             e = min(s + chunk, end)
             block = ids[s:e]
             rows.append(
@@ -162,7 +235,7 @@ def _teacher_force(
             )
             if on_progress is not None:
                 on_progress(e, total)
-    return rows
+    return prompts, rows
 
 
 def _forward(dec: Decoder, block: list[int], piece: int | None) -> np.ndarray:

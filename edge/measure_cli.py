@@ -110,6 +110,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         test_chunk=args.test_chunk,
         precision=args.precision,
         reference_precision=args.reference_precision,
+        plan=args.plan,
+        test_prompt=args.test_prompt,
     )
     err = Console(stderr=True)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
@@ -120,14 +122,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     m = result.metrics
+    fed = f"{result.test_chunk} token(s) per forward"
+    if result.test_prompt is not None:
+        fed = f"a {result.test_prompt}-token prompt, then {fed}"
     print(
-        f"{out['model']}: {result.backend} ({result.test_chunk} token(s) per forward) vs {cfg.reference} "
+        f"{out['model']}: {result.backend} ({fed}) vs {cfg.reference} "
         f"({cfg.chunk} per forward) over {m.tokens} tokens of {out['text']}\n"
         f"  perplexity    {m.ppl:.4f} (reference {m.ppl_ref:.4f})\n"
         f"  KL(ref||test) mean {m.kl_mean:.3g} nats, p99 {m.kl_p99:.3g}\n"
         f"  top-1 agree   {100 * m.top1_agree:.2f}%\n"
         f"  RMS dp        {m.rms_dp:.3g} (change of the correct token's probability)"
     )
+    for name, part in (("prompt rows", result.prompt), ("rows after", result.after)):
+        if part is not None:
+            print(
+                f"  {name:<13} {part.tokens} tokens: KL mean {part.kl_mean:.3g}, p99 {part.kl_p99:.3g}, "
+                f"top-1 {100 * part.top1_agree:.2f}%"
+            )
     return 0
 
 
@@ -144,6 +155,11 @@ def _write_json(path: str, obj: object) -> None:
 
 
 def add_parsers(sub: Any) -> None:
+    _add_bench(sub)
+    _add_eval(sub)
+
+
+def _add_bench(sub: Any) -> None:
     ben = sub.add_parser("bench", help="speed and memory of backends on a model, side by side")
     ben.add_argument("model", help="catalog name or .gguf path")
     ben.add_argument(
@@ -187,6 +203,8 @@ def add_parsers(sub: Any) -> None:
     shape.add_argument("--json-object", action="store_true", help="the same for any JSON object")
     ben.set_defaults(func=cmd_bench)
 
+
+def _add_eval(sub: Any) -> None:
     ev = sub.add_parser("eval", help="perplexity and KL of a backend against a reference backend")
     ev.add_argument("model", help="catalog name, .gguf path or artifact directory (edge convert -o DIR)")
     ev.add_argument("--backend", default=None, help="default llamacpp; an artifact: its target")
@@ -210,6 +228,21 @@ def add_parsers(sub: Any) -> None:
         default=None,
         metavar="N",
         help="feed the tested backend N tokens per forward (1: its decode path; the reference stays batched)",
+    )
+    ev.add_argument(
+        "--test-prompt",
+        type=int,
+        default=None,
+        metavar="N",
+        help="feed the tested backend each window's first N tokens in one forward, as a prompt, then the rest "
+        "in --test-chunk pieces over its K/V; also reports the prompt's rows and the rows after apart",
+    )
+    ev.add_argument(
+        "--plan",
+        default=None,
+        metavar="PHASES",
+        help="test a phase split in place of --backend (with --test-prompt above its 32-token threshold, the "
+        "prompt runs on the prefill half): " + PHASE_PLAN_HELP,
     )
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=cmd_eval)

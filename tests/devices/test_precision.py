@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -118,8 +119,18 @@ def test_precision_is_checked() -> None:
         DecoderOptions(precision="fp16")
 
 
-def _eval(*args: str) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "edge.cli", "eval", "smollm2-135m", "--tokens", "128", "--test-chunk", "1"]
+def _eval(*args: str, tokens: int = 128) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "edge.cli",
+        "eval",
+        "smollm2-135m",
+        "--tokens",
+        str(tokens),
+        "--test-chunk",
+        "1",
+    ]
     proc = subprocess.run([*cmd, *args, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -140,6 +151,44 @@ def test_fast_stays_about_as_close_to_the_exact_graph_as_llamacpp(backend: str) 
     print(f"llama.cpp KL {llama['kl_mean']:.5f} top-1 {llama['top1_agree']:.3f}")
     assert 0 < fast["kl_mean"] <= 1.3 * llama["kl_mean"]
     assert fast["top1_agree"] >= llama["top1_agree"] - 0.03
+
+
+def _has_bf16() -> bool:
+    """What the bf16 half's runner checks (devices/runners.py): OpenVINO's CPU lists a bf16 path."""
+    return "BF16" in [str(c) for c in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "plan",
+    ["prefill=openvino:cpu:bf16,decode=ort:cpu", "prefill=openvino:cpu:fast,decode=ort:cpu"],
+    ids=["bf16+ort", "fast+ort"],
+)
+def test_the_phase_split_stays_about_as_close_to_the_exact_graph_as_llamacpp(plan: str) -> None:
+    """The same guard for a phase split (issue #32), as generation runs it: a 128-token prompt on the prefill
+    half, then 128 one-token steps on the decode half over the prompt's K/V; llama.cpp on the same schedule
+    (its batched prompt path, then its decode path). Both parts are held: the prompt's rows and the rows after.
+
+    Measured on smollm2 (1024 tokens, a 512-token prompt; benchmarks/results/phase-split-fidelity-2026-12-05.md):
+    bf16 prompt rows KL 0.0010 against llama.cpp's 0.0032, rows after 0.0025 against 0.0029. Top-1 on the
+    prompt's rows is lower than llama.cpp's (95.1% against 97.1%; ORT fast alone 95.1% too) at a third of its
+    KL: every flip, of every engine, is where the exact graph's top two are within 0.19 logit of each other,
+    and this flat model has 40% of its rows within 0.5, so those counts move by a few rows a run; hence the
+    prompt's wider top-1 margin."""
+    if "bf16" in plan and not _has_bf16():
+        pytest.skip(
+            "this CPU has no bf16 path (OpenVINO's CPU capabilities lack BF16): the bf16 half cannot run"
+        )
+    sched = ("--test-prompt", "128", "--reference", "ort", "--reference-precision", "exact")
+    split = _eval("--plan", plan, *sched, tokens=256)
+    llama = _eval("--backend", "llamacpp", *sched, tokens=256)
+    for part in ("prompt", "after"):
+        s, ll = split[part], llama[part]
+        print(f"{plan} {part}: KL {s['kl_mean']:.5f} top-1 {s['top1_agree']:.3f}; ", end="")
+        print(f"llama.cpp KL {ll['kl_mean']:.5f} top-1 {ll['top1_agree']:.3f}")
+        assert s["tokens"] == ll["tokens"] == 128
+        assert 0 < s["kl_mean"] <= 1.3 * ll["kl_mean"], part
+        assert s["top1_agree"] >= ll["top1_agree"] - (0.06 if part == "prompt" else 0.03), part
 
 
 @pytest.mark.parametrize("precision", ["fast", "exact"])
