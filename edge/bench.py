@@ -460,6 +460,7 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
             n_ctx=cfg.n_ctx + cfg.draft_k,
             threads=cfg.threads,
             precision=cfg.precision,
+            grammar=cfg.grammar,
         )
 
     # Other work on the machine skews every figure; the load average says how busy it was.

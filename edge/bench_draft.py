@@ -1,7 +1,9 @@
 """`edge bench MODEL --draft DRAFT|ngram`: the target's decode speed with and without speculative decoding.
 
 Both run in the same process on the same loaded target, alternating which goes first each round, on the bench
-prompt with greedy decoding and EOS ignored, so the ratio is what speculation buys on this machine now.
+prompt with greedy decoding and EOS ignored, so the ratio is what speculation buys on this machine now. With
+`--json-schema` both decode under the grammar until its value is complete: without drafts by fast-forward
+alone (edge/fastforward.py), with them by masked drafts led by the forced tokens (edge/speculative.py).
 """
 
 from __future__ import annotations
@@ -9,12 +11,15 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge.devices.registry import DecoderOptions, open_decoder
 from edge.generate import Generation, GenerationConfig
 from edge.models.checked import CheckedModel
 from edge.speculative import open_speculative
+
+if TYPE_CHECKING:
+    from edge.grammar import Grammar
 
 __all__ = ["DraftBenchResult", "measure_draft"]
 
@@ -38,6 +43,7 @@ class DraftBenchResult:
     draft_tok_s: tuple[float, ...]
     same_tokens: bool  # greedy speculation must give the target's own tokens
     stats: tuple[dict[str, Any], ...]  # DraftStats.to_dict() per round
+    constrained: bool = False  # both decoded under --json-schema's grammar (plain: fast-forward alone)
 
     def to_dict(self) -> dict[str, Any]:
         ratios = [d / p for d, p in zip(self.draft_tok_s, self.plain_tok_s, strict=True)]
@@ -52,6 +58,7 @@ class DraftBenchResult:
             "draft_decode_tok_s": _stat(self.draft_tok_s, 2),
             "ratio_decode": _stat(ratios, 4),
             "same_tokens": self.same_tokens,
+            "constrained": self.constrained,
             "stats": list(self.stats),
         }
 
@@ -60,7 +67,8 @@ class DraftBenchResult:
         last = self.stats[-1]
         return (
             f"draft {self.draft}: decode {d['draft_decode_tok_s']['median']:.1f} tok/s vs "
-            f"{d['plain_decode_tok_s']['median']:.1f} plain = {d['ratio_decode']['median']:.2f}x "
+            f"{d['plain_decode_tok_s']['median']:.1f} "
+            f"{'fast-forward alone' if self.constrained else 'plain'} = {d['ratio_decode']['median']:.2f}x "
             f"(acceptance {100 * last['acceptance_rate']:.0f}%, mean k {last['mean_k']}, "
             f"{'same tokens' if self.same_tokens else 'TOKENS DIFFER'})"
         )
@@ -80,6 +88,7 @@ def measure_draft(
     n_ctx: int,
     threads: int | None,
     precision: str = "fast",
+    grammar: Grammar | None = None,
 ) -> DraftBenchResult:
     """Decode `gen_tokens` greedy tokens `repeat` times without and with the draft, alternating the order.
     Greedy generations are drafted whatever the draft spec (what `--draft ngram|MODEL` does; `--draft auto`
@@ -105,7 +114,7 @@ def measure_draft(
             why = "nothing to compare" if draft in ("", "none") else "auto is off on llama.cpp"
             raise ValueError(f"--draft {draft} drafts nothing on {backend} ({why})")
         try:
-            gen_cfg = GenerationConfig(max_tokens=gen_tokens, ignore_eos=True)
+            gen_cfg = GenerationConfig(max_tokens=gen_tokens, ignore_eos=True, grammar=grammar)
             plain_rates: list[float] = []
             draft_rates: list[float] = []
             stats: list[dict[str, Any]] = []
@@ -135,4 +144,5 @@ def measure_draft(
         tuple(draft_rates),
         same,
         tuple(stats),
+        grammar is not None,
     )

@@ -230,11 +230,17 @@ def test_bench_json_schema_measures_the_masks_cost_in_the_same_round(tmp_path: P
         json.dumps({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
     )
     args = ("--repeat", "1", "--prompt-tokens", "16", "--gen-tokens", "24", "--json", "-")
-    proc = _edge("bench", "smollm2-135m", "--backends", "llamacpp,ort", "--json-schema", str(schema), *args)
+    grammar = ("--json-schema", str(schema), "--draft", "ngram", "--against", "ort")
+    proc = _edge("bench", "smollm2-135m", "--backends", "llamacpp,ort", *grammar, *args)
     assert proc.returncode == 0, proc.stderr
-    for r in json.loads(proc.stdout)["results"]:
+    out = json.loads(proc.stdout)
+    for r in out["results"]:
         steps = r["samples"]["constrained_steps"][0]
         assert 1 <= steps <= 24 and r["constrained_decode_tok_s"] > 0 and r["ratio_constrained_decode"] > 0
         assert f"{r['backend']}: decode under the grammar's mask" in proc.stderr
+    # masked drafts against fast-forward alone, under the same grammar: the staged ORT graph gives the same ids
+    draft = out["draft"]
+    assert draft["constrained"] and draft["same_tokens"] and draft["draft_decode_tok_s"]["median"] > 0
+    assert "fast-forward alone" in proc.stderr
     bad = _edge("bench", "smollm2-135m", "--json-schema", str(tmp_path / "none.json"), *args)
     assert bad.returncode == 1 and "cannot read --json-schema" in bad.stderr
