@@ -22,8 +22,8 @@ and the command line.
     python -m benchmarks.serve_load --model smollm2-135m --servers edge:4 --soak 1000
 
 Servers: `edge:N[:BACKEND]` (`edge serve MODEL --parallel N [--backend BACKEND] --ctx-size C`, edge's default
-threads unless --threads) and `llama-server:N` (`llama-server -m FILE -np N -c C*N -t THREADS`; --llama-server
-PATH). Build llama-server from the llama.cpp that llama-cpp-python vendors (the reference engine's own code):
+threads unless --threads), `edge:N:plan` (the same with the phase plan given by --plan) and `llama-server:N`
+(`llama-server -m FILE -np N -c C*N -t THREADS`; --llama-server PATH). Build llama-server from the llama.cpp that llama-cpp-python vendors (the reference engine's own code):
 `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36`, then in its vendor/llama.cpp
 `cmake -B build -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON &&
 cmake --build build --target llama-server`.
@@ -364,7 +364,12 @@ def server_command(spec: ServerSpec, args: argparse.Namespace, path: Path, port:
     if spec.kind == "edge":
         cmd = [sys.executable, "-m", "edge.cli", "serve", args.model, "--host", "127.0.0.1"]
         cmd += ["--port", str(port), "--parallel", str(spec.slots), "--ctx-size", str(args.ctx_size)]
-        cmd += ["--backend", spec.backend] if spec.backend else []
+        if spec.backend == "plan":  # edge:N:plan: the model split by phase as --plan says
+            if not args.plan:
+                raise ValueError("edge:N:plan needs --plan prefill=...,decode=...")
+            cmd += ["--plan", args.plan]
+        elif spec.backend:
+            cmd += ["--backend", spec.backend]
         cmd += ["--precision", args.precision] if args.precision else []
         return cmd + (["--threads", str(args.threads)] if args.threads else [])
     threads = args.threads or psutil.cpu_count(logical=False) or 1
@@ -685,7 +690,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="catalog name (pulled if missing) or .gguf")
     ap.add_argument(
-        "--servers", default="edge:4,llama-server:4", help="edge:N[:BACKEND], llama-server:N, ..."
+        "--servers",
+        default="edge:4,llama-server:4",
+        help="edge:N[:BACKEND], edge:N:plan (with --plan), llama-server:N, ...",
     )
     ap.add_argument("--clients", default="1,4,8", help="load levels: concurrent streaming clients")
     ap.add_argument("--requests", type=int, default=2, help="requests per client per level (default 2)")
@@ -695,6 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--long-tokens", type=int, default=4000, help="the mid-load probe's prompt (0: no probe)")
     ap.add_argument("--ctx-size", type=int, default=6144, help="context per slot (llama-server: -c this x N)")
+    ap.add_argument(
+        "--plan", default=None, help="edge:N:plan servers: the phase plan (prefill=...,decode=...)"
+    )
     ap.add_argument(
         "--threads", type=int, default=None, help="edge: its default; llama-server: physical cores"
     )

@@ -122,6 +122,7 @@ class BatchStats(Protocol):
     pieces: int
     tokens: int
     mixed_steps: int
+    prefill_runs: int  # a phase split's prompt chunks run on its prefill half (0 on one graph)
 
     @property
     def mean_batch(self) -> float: ...

@@ -13,6 +13,11 @@ cache, and hands them to the engine. The engine's thread packs the pieces waitin
 and splits the logits rows and the new K/V back per slot, which each slot commits to its own cache. Decode is
 bound by reading the weights, so a run carrying one new token of each of 4 sequences costs about one carrying 1.
 
+Over a phase split (devices/phase_split.py) the engine holds both halves: a slot's forward of more than the
+split's threshold (a prompt) is built for the prefill half's graph and runs there alone, in the same step as
+the other slots' decode rows packed on the decode half's graph. Prompts are compute-bound and do not gain from
+packing; they gain from the faster prompt graph, which also shortens the steps the decode rows wait through.
+
 Who joins a step: every slot whose piece is waiting. After a step the engine waits up to `linger` for the
 slots that were in it (each samples its next token meanwhile), so steady decoding stays in one batch instead
 of splitting into alternating halves; a slot that does not come back (its generation ended) stops being
@@ -30,7 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
-from edge.devices.base import Capabilities, Decoder
+from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
 from edge.errors import DeviceError
@@ -79,6 +84,7 @@ class _Piece:
 
     slot: SlotDecoder
     feeds: dict[str, np.ndarray]
+    long: bool = False  # built for the prefill half's graph (a phase split's prompt), run there alone
     done: threading.Event = field(default_factory=threading.Event)
     out: list[np.ndarray] | None = None
     batch: int = 0  # the pieces of the step it rode in
@@ -92,8 +98,19 @@ class _Piece:
 class BatchEngine:
     """The shared graph decoder and the thread that runs the packed steps (see the module docstring)."""
 
-    def __init__(self, base: Shared, *, linger: float = LINGER_S) -> None:
+    def __init__(
+        self,
+        base: Shared,
+        *,
+        linger: float = LINGER_S,
+        prefill: Shared | None = None,
+        phases: PhaseSplit | None = None,
+    ) -> None:
         self.base = base
+        # a phase split's prompt half and what the split declares (threshold, labels); None: one graph
+        self.prefill, self.phases = prefill, phases
+        if (prefill is None) != (phases is None):
+            raise ValueError("a prefill half comes with the split's PhaseSplit")
         self.linger = linger
         self._cond = threading.Condition()
         self._waiting: list[_Piece] = []
@@ -105,6 +122,7 @@ class BatchEngine:
         self.tokens = 0
         # runs that carried a many-token piece (a prompt chunk, a verify) beside other slots' one-token steps
         self.mixed_steps = 0
+        self.prefill_runs = 0  # runs of the prefill half (a phase split's prompt chunks)
         self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
         self._thread.start()
 
@@ -139,6 +157,8 @@ class BatchEngine:
         if last:
             self._thread.join()
             self.base.close()
+            if self.prefill is not None:
+                self.prefill.close()
 
     @property
     def alive(self) -> bool:
@@ -178,7 +198,7 @@ class BatchEngine:
                 self._cond.wait(left)
             batch, chunked = [], False
             for p in self._waiting:  # FIFO; one prompt chunk a step
-                if p.n > WINDOW:
+                if p.long or p.n > WINDOW:
                     if chunked:
                         continue
                     chunked = True
@@ -188,24 +208,34 @@ class BatchEngine:
             return batch
 
     def _step(self, batch: list[_Piece]) -> None:
-        base = self.base
-        try:
-            feeds, splits = pack([p.feeds for p in batch], base.cfg.n_layer, staged=base.staged)
-            out = base.run(feeds)
-            parts = unpack(out, splits)
-        except BaseException as exc:  # every slot of the step gets it; the engine goes on
-            for p in batch:
-                p.error = exc
-                p.done.set()
-            return
+        """One step: the decode half's pieces packed into one run, then a prompt piece on the prefill half."""
+        short = [p for p in batch if not p.long]
+        long = [p for p in batch if p.long]
+        if short:
+            self._run(short, self.base)
+        if long:
+            assert self.prefill is not None  # slots build long pieces only for an engine with a prefill half
+            self._run(long, self.prefill)
+            self.prefill_runs += 1
         self.steps += 1
         self.pieces += len(batch)
         self.tokens += sum(p.n for p in batch)
-        rows = {p.n > 1 for p in batch}
-        self.mixed_steps += len(rows) == 2
-        for p, o in zip(batch, parts, strict=True):
-            p.out, p.batch = o, len(batch)
+        self.mixed_steps += len({p.long or p.n > 1 for p in batch}) == 2
+        for p in batch:
+            p.batch = len(batch)
             p.done.set()
+
+    def _run(self, pieces: list[_Piece], graph: Shared) -> None:
+        """Run `pieces` packed on `graph`; each gets its outputs, or the error (every piece of the run)."""
+        try:
+            feeds, splits = pack([p.feeds for p in pieces], graph.cfg.n_layer, staged=graph.staged)
+            parts = unpack(graph.run(feeds), splits)
+        except BaseException as exc:  # every slot of the run gets it; the engine goes on
+            for p in pieces:
+                p.error = exc
+            return
+        for p, o in zip(pieces, parts, strict=True):
+            p.out = o
 
 
 @dataclass(frozen=True)
@@ -286,12 +316,23 @@ class SlotDecoder(RingDecoder):
     """One sequence of a batch: a Decoder with its own ring KV cache whose graph runs the engine packs."""
 
     def __init__(self, engine: BatchEngine) -> None:
-        base = engine.base
+        base, prefill = engine.base, engine.prefill
         self._engine, self._closed = engine, False
         self.ridden = (0, 0)  # (steps this slot rode in, pieces those steps carried in all)
         self.backend, self.device = base.backend, base.device
         self.staged, self.first_run_costs = base.staged, base.first_run_costs
+        if prefill is not None:  # as PhaseSplitDecoder names and warms itself
+            self.backend = f"{prefill.backend}+{base.backend}"
+            self.device = "+".join(dict.fromkeys((prefill.device, base.device)))
+            self.first_run_costs = base.first_run_costs or prefill.first_run_costs
+        self._long = False  # the forward being run is a prompt for the prefill half
         self._init_ring_of(base.cfg, base.options)
+
+    def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
+        # NOTE: the whole forward's length picks the half (as PhaseSplitDecoder): a prompt's last chunk stays
+        phases = self._engine.phases
+        self._long = phases is not None and len(tokens) > phases.threshold
+        return super().forward(tokens, last_only=last_only)
 
     @property
     def engine(self) -> BatchEngine:
@@ -305,9 +346,10 @@ class SlotDecoder(RingDecoder):
         view = self.cache.begin(len(ids))
         if view.dropped:
             raise self._overflowed()
-        base = self._engine.base
-        feeds = base.step_feeds(self, view, ids, last_only, window=window, score=score)
-        piece = _Piece(self, feeds)
+        engine = self._engine
+        graph = engine.prefill if self._long and engine.prefill is not None else engine.base
+        feeds = graph.step_feeds(self, view, ids, last_only, window=window, score=score)
+        piece = _Piece(self, feeds, long=graph is not engine.base)
         try:
             out = self._engine.run(piece)
         except DeviceError as exc:  # the packed run failed: said from this slot's KV, not the shared graph's
@@ -330,6 +372,7 @@ class SlotDecoder(RingDecoder):
             truncation=self,
             prefix_copy=self,
             batch_slot=self,
+            phases=self._engine.phases,
         )
 
     def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:

@@ -202,7 +202,7 @@ def _build_into(
     step()
 
 
-def _check_slots_fit(n: int, kv_bytes: int) -> None:
+def check_slots_fit(n: int, kv_bytes: int) -> None:
     """n slots hold n KV caches where the load sized one (its own, freed for them): the n - 1 more must fit."""
     import psutil
 
@@ -316,7 +316,7 @@ class GraphDecoder(RingDecoder):
         no longer steps on its own (the engine's thread runs its graph), and its own KV is freed."""
         if self._batched:
             raise DeviceError("this decoder was split into slots already", hint="load the model again")
-        _check_slots_fit(n, self.cache.nbytes)
+        check_slots_fit(n, self.cache.nbytes)
         slots = batched(self, n)
         self._batched = True
         self.cache = self._new_cache(self.cache.sink)  # NOTE: a fresh ring's buffers are untouched zero pages

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.devices.base import Capabilities, PhaseSplit
-from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.base import Capabilities, Decoder, PhaseSplit
+from edge.devices.batch import BatchEngine
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions, check_slots_fit
 from edge.devices.precision import BF16, HALF_PRECISIONS
 from edge.devices.ring_decoder import RingDecoder
-from edge.errors import PlanError
+from edge.errors import DeviceError, PlanError
 from edge.kvcache.staging import WINDOW
 from edge.models.gguf_file import GGUFFile
 
@@ -168,6 +169,7 @@ class PhaseSplitDecoder(RingDecoder):
         self._init_ring_of(decode.cfg, decode.options)  # static-shape halves are refused (_check_geometry)
         self._long = False  # the forward being run goes to the prefill half
         self.seconds = [0.0, 0.0]  # graph time of each half since load (prefill, decode)
+        self._batched = False  # split into slots (`slots`): the batch engine runs both graphs from then on
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         # NOTE: the whole forward's length picks the half, so a prompt's last, short chunk stays on it
@@ -177,6 +179,8 @@ class PhaseSplitDecoder(RingDecoder):
     def _step(
         self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
     ) -> np.ndarray:
+        if self._batched:  # its graphs are the batch engine's now: two threads on one runner would race
+            raise DeviceError("this decoder was split into slots; use the slots", hint="see Model.slots")
         i = 0 if self._long else 1
         half = self._halves[i]
         view = self.cache.begin(len(ids))
@@ -191,17 +195,37 @@ class PhaseSplitDecoder(RingDecoder):
 
     def capabilities(self) -> Capabilities:
         # NOTE: not batch-invariant: a prompt's rows come from another graph than a decode step's
-        phases = PhaseSplit(self._labels[0], self._labels[1], self._threshold)
+        batches = all(h.capabilities().batching is not None for h in self._halves)
         return Capabilities(
             max_rollback=self.max_rollback,
             sinks=self,
             staged=self.staged,
             first_run_costs=self.first_run_costs,
             truncation=self,
-            phases=phases,
+            phases=self._phases,
+            batching=self if batches else None,
         )
 
+    @property
+    def _phases(self) -> PhaseSplit:
+        return PhaseSplit(self._labels[0], self._labels[1], self._threshold)
+
+    def slots(self, n: int) -> list[Decoder]:
+        """`Batching`: n decoders, each its own KV, over this split's two graphs: a slot's prompts run on the
+        prefill half alone, its decode steps packed with the other slots' on the decode half (devices/batch.py).
+        Once: this decoder no longer steps on its own, and its own KV is freed."""
+        if self._batched:
+            raise DeviceError("this decoder was split into slots already", hint="load the model again")
+        check_slots_fit(n, self.cache.nbytes)
+        prefill, decode = self._halves
+        slots: list[Decoder] = list(BatchEngine(decode, prefill=prefill, phases=self._phases).slots(n))
+        self._batched = True
+        self.cache = self._new_cache(self.cache.sink)  # NOTE: a fresh ring's buffers are untouched zero pages
+        return slots
+
     def close(self) -> None:
+        if self._batched:  # the batch engine closes both halves with its last slot
+            return
         for half in self._halves:
             half.close()
 

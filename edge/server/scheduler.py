@@ -260,6 +260,7 @@ class Scheduler:
                 "mean_batch": round(engine.mean_batch, 2),
                 "tokens": engine.tokens,
                 "mixed_steps": engine.mixed_steps,
+                "prefill_runs": engine.prefill_runs,
             }
         return out
 

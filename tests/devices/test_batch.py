@@ -20,6 +20,7 @@ import pytest
 from edge.devices.base import Decoder
 from edge.devices.batch import BatchEngine
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.phase_split import PhaseSplitDecoder
 from edge.errors import ContextOverflowError
 from edge.kvcache.staging import WINDOW
 from edge.models.gguf_file import open_gguf
@@ -146,6 +147,43 @@ def test_each_slot_decodes_as_the_decoder_alone(
     # the steps really were shared: fewer runs than pieces, and some carried a prompt chunk beside decode rows
     assert engine.mean_batch > 1.5, engine.mean_batch
     assert engine.mixed_steps > 0
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("capacity", [256, 48], ids=["long", "wraps"])
+def test_slots_of_a_phase_split_decode_as_the_split_alone(
+    files: dict[str, Path], name: str, capacity: int
+) -> None:
+    """Over a phase split (devices/phase_split.py) a slot's prompt runs on the prefill half's graph alone, its
+    decode steps packed with the others' on the decode half's: each sequence as the split alone computes it."""
+    gg = open_gguf(files[name])
+
+    def split() -> PhaseSplitDecoder:
+        halves = [GraphDecoder(gg, _options(b, b == "ort", capacity)) for b in ("openvino", "ort")]
+        return PhaseSplitDecoder(*halves)
+
+    alone = split()
+    expected = []
+    for plan in PLANS:
+        alone.reset()
+        expected.append(_run_plan(alone, plan))
+    alone.close()
+
+    batching = split().capabilities().batching
+    assert batching is not None
+    slots = batching.slots(len(PLANS))
+    engine = slots[0].engine  # type: ignore[attr-defined]
+    assert slots[0].capabilities().phases is not None and slots[0].backend == "openvino+ort"
+    start = threading.Barrier(len(PLANS))
+    got = _in_threads([lambda s=s, p=p: _run_plan(s, p, start) for s, p in zip(slots, PLANS, strict=True)])
+    for s in slots:
+        s.close()
+    for i, ((tokens, rows), (want, want_rows)) in enumerate(zip(got, expected, strict=True)):
+        assert tokens == want, f"sequence {i} parted from its run on the split alone"
+        np.testing.assert_allclose(np.stack(rows), np.stack(want_rows), atol=ATOL)
+    # the long prompt's chunks ran on the prefill half, the decode rows were packed
+    assert engine.prefill_runs >= 2 and engine.mean_batch > 1.5 and engine.mixed_steps > 0
+    assert not engine.alive and engine.base.runner is None and engine.prefill.runner is None
 
 
 def test_a_slot_failing_fails_alone(files: dict[str, Path]) -> None:
