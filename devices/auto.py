@@ -325,11 +325,10 @@ def choose_backend(
     refused here (llama.cpp failing its known-answer check) is no candidate, and the note says so.
     `batching`: several sequences will run at once (`edge serve --parallel N`): only the own graphs carry
     them in one forward on one copy of the weights (devices/batch.py), so auto chooses among those unless
-    the file runs only on llama.cpp (which then runs as replicas); a split by phase carries one sequence, so
-    none is chosen then. `split`: whether a split by phase may be chosen where it measured faster
-    (devices/auto_split.py); the caller then opens `Choice.plan`."""
+    the file runs only on llama.cpp (which then runs as replicas); a split by phase batches too (its slots'
+    prompts on the prefill half, their decode rows packed on the decode half). `split`: whether a split by
+    phase may be chosen where it measured faster (devices/auto_split.py); the caller then opens `Choice.plan`."""
     have, refused = probe_candidates() if available is None else (list(available), {})
-    split = split and not batching
     if batching and own_graph_refusal(path) is None and any(b in GRAPH_BACKENDS for b in have):
         have = [b for b in have if b in GRAPH_BACKENDS]
         choice = _choose(path, precision, threads, have, refused, split)

@@ -78,13 +78,12 @@ def test_a_split_is_chosen_where_it_measured_faster(tiny: Path) -> None:
     text = c.explain()
     assert "backend auto -> openvino+ort (measured): split by phase" in text
     assert "split by phase (chosen)" in text and "prefill  openvino" in text and "decode   ort" in text
-    # no split where a half is not installed, for parallel sequences, or where the caller runs one backend
+    # parallel sequences split too (slots over both halves); not where a half is not installed, or where the
+    # caller runs one backend
+    assert choose_backend(tiny, threads=1, available=ALL, batching=True).plan == c.plan
     assert choose_backend(tiny, threads=1, available=["llamacpp", "ort"]).backend == "ort"
-    for c in (
-        choose_backend(tiny, threads=1, available=ALL, batching=True),
-        choose_backend(tiny, threads=1, available=ALL, split=False),
-    ):
-        assert (c.backend, c.plan) == ("ort", None)
+    c = choose_backend(tiny, threads=1, available=ALL, split=False)
+    assert (c.backend, c.plan) == ("ort", None)
 
 
 def test_a_small_gain_keeps_the_single_backend(tiny: Path) -> None:
@@ -181,6 +180,22 @@ def test_loading_opens_the_split_as_a_plan_does(tiny: Path) -> None:
         assert m.backend_choice is not None and "split by phase (chosen)" in m.backend_choice
         # --draft auto drafts as on the decode half, which runs the verifies (ORT: prompt lookup)
         assert m.speculative is not None and m.speculative.name.startswith("ngram"), m.speculative
+
+
+def test_a_split_for_parallel_requests_gives_slots_over_both_halves(tiny: Path) -> None:
+    _record(tiny, SPLIT_PAYS)
+    with load(str(tiny), n_ctx=64, n_threads=1, parallel=2) as m:
+        assert m.placement.auto is not None and m.placement.auto.plan == "prefill=openvino:cpu,decode=ort:cpu"
+        slots = m.slots(2)
+    try:
+        engine = slots[0].batch_engine
+        assert engine is not None and engine.prefill is not None
+        long = slots[0].decoder.forward(list(range(3, 43)), last_only=True)  # 40 tokens: the prefill half's
+        short = slots[1].decoder.forward([1, 5, 6])
+        assert np.isfinite(long).all() and np.isfinite(short).all() and engine.prefill_runs == 1
+    finally:
+        for s in slots:
+            s.close()
 
 
 def test_a_split_that_does_not_fit_runs_the_single_backend_it_beat(tiny: Path) -> None:
