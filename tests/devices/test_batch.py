@@ -106,6 +106,30 @@ def _in_threads(fns: Sequence[Callable[[], object]]) -> list:
     return out
 
 
+def _slots_as_alone(make: Callable[[], Decoder]) -> BatchEngine:
+    """Every plan run alone on one decoder `make` opens, then all at once on the slots of another: each slot
+    must compute what the decoder alone computes (tokens equal, rows to fp32 rounding). Returns the engine."""
+    alone = make()
+    expected = []
+    for plan in PLANS:
+        alone.reset()
+        expected.append(_run_plan(alone, plan))
+    alone.close()
+    batching = make().capabilities().batching
+    assert batching is not None
+    slots = batching.slots(len(PLANS))
+    phases = alone.capabilities().phases
+    assert [s.capabilities().phases for s in slots] == [phases] * len(slots)
+    start = threading.Barrier(len(PLANS))
+    got = _in_threads([lambda s=s, p=p: _run_plan(s, p, start) for s, p in zip(slots, PLANS, strict=True)])
+    for s in slots:
+        s.close()
+    for i, ((tokens, rows), (want, want_rows)) in enumerate(zip(got, expected, strict=True)):
+        assert tokens == want, f"sequence {i} parted from its run alone"
+        np.testing.assert_allclose(np.stack(rows), np.stack(want_rows), atol=ATOL)
+    return slots[0].engine  # type: ignore[attr-defined,no-any-return]
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("batch")
@@ -124,26 +148,7 @@ def test_each_slot_decodes_as_the_decoder_alone(
     files: dict[str, Path], name: str, backend: str, staged: bool, capacity: int
 ) -> None:
     gg = open_gguf(files[name])
-    alone = GraphDecoder(gg, _options(backend, staged, capacity))
-    expected = []
-    for plan in PLANS:
-        alone.reset()
-        expected.append(_run_plan(alone, plan))
-    alone.close()
-
-    base = GraphDecoder(gg, _options(backend, staged, capacity))
-    batching = base.capabilities().batching
-    assert batching is not None
-    slots = batching.slots(len(PLANS))
-    engine = slots[0].engine  # type: ignore[attr-defined]
-    start = threading.Barrier(len(PLANS))
-    got = _in_threads([lambda s=s, p=p: _run_plan(s, p, start) for s, p in zip(slots, PLANS, strict=True)])
-    for s in slots:
-        s.close()
-
-    for i, ((tokens, rows), (want, want_rows)) in enumerate(zip(got, expected, strict=True)):
-        assert tokens == want, f"sequence {i} parted from its run alone"
-        np.testing.assert_allclose(np.stack(rows), np.stack(want_rows), atol=ATOL)
+    engine = _slots_as_alone(lambda: GraphDecoder(gg, _options(backend, staged, capacity)))
     # the steps really were shared: fewer runs than pieces, and some carried a prompt chunk beside decode rows
     assert engine.mean_batch > 1.5, engine.mean_batch
     assert engine.mixed_steps > 0
@@ -162,25 +167,7 @@ def test_slots_of_a_phase_split_decode_as_the_split_alone(
         halves = [GraphDecoder(gg, _options(b, b == "ort", capacity)) for b in ("openvino", "ort")]
         return PhaseSplitDecoder(*halves)
 
-    alone = split()
-    expected = []
-    for plan in PLANS:
-        alone.reset()
-        expected.append(_run_plan(alone, plan))
-    alone.close()
-
-    batching = split().capabilities().batching
-    assert batching is not None
-    slots = batching.slots(len(PLANS))
-    engine = slots[0].engine  # type: ignore[attr-defined]
-    assert slots[0].capabilities().phases is not None and slots[0].backend == "openvino+ort"
-    start = threading.Barrier(len(PLANS))
-    got = _in_threads([lambda s=s, p=p: _run_plan(s, p, start) for s, p in zip(slots, PLANS, strict=True)])
-    for s in slots:
-        s.close()
-    for i, ((tokens, rows), (want, want_rows)) in enumerate(zip(got, expected, strict=True)):
-        assert tokens == want, f"sequence {i} parted from its run on the split alone"
-        np.testing.assert_allclose(np.stack(rows), np.stack(want_rows), atol=ATOL)
+    engine = _slots_as_alone(split)
     # the long prompt's chunks ran on the prefill half, the decode rows were packed
     assert engine.prefill_runs >= 2 and engine.mean_batch > 1.5 and engine.mixed_steps > 0
     assert not engine.alive and engine.base.runner is None and engine.prefill.runner is None
