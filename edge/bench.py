@@ -3,6 +3,7 @@
 Backends run interleaved (A B A B ...) over the rounds, so drift of a noisy machine hits all of them alike.
 Each round loads the backend afresh, prefills a fixed prompt (TTFT = prefill + choosing the first token)
 and decodes `gen_tokens` greedy single-token forwards (EOS is ignored: this measures speed, not text).
+With `depth` N (llama-bench's -d), N tokens of the same text are in the KV before the prompt, untimed.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import psutil
 
 from edge import __version__
-from edge.bench_config import BenchConfig, Sample
+from edge.bench_config import BATCH_SIZES, BenchConfig, Sample
 from edge.bench_draft import DraftBenchResult, measure_draft
 from edge.bench_peers import PEERS, measure_peer
 from edge.data import read_text
@@ -34,7 +35,7 @@ from edge.devices.auto import (
     model_sha256,
     record_speeds,
 )
-from edge.devices.base import Decoder
+from edge.devices.base import Decoder, rollback_reach
 from edge.devices.discovery import discover
 from edge.devices.registry import DecoderOptions, open_decoder, require_backend
 from edge.errors import EdgeError
@@ -42,9 +43,6 @@ from edge.models.artifact import is_artifact
 from edge.models.checked import CheckedModel, check_model
 from edge.models.tokenizer import Tokenizer
 from edge.roofline import Bandwidth, WeightBytes, measure_read_bandwidth, weight_bytes_per_token
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["BenchConfig", "BenchReport", "Stat", "bench_prompt", "run_bench", "total_steps"]
 
@@ -180,6 +178,7 @@ class BenchReport:
                 "gen_tokens": c.gen_tokens,
                 "repeat": c.repeat,
                 "threads": self.machine["threads"],
+                "depth": c.depth,
                 "n_ctx": c.n_ctx,
                 "order": "interleaved: each round runs every backend once, in the order given",
             },
@@ -245,9 +244,6 @@ def _open(entry: str, model: CheckedModel, cfg: BenchConfig) -> Decoder:
     return open_decoder(entry, model, cfg.device, dopts)
 
 
-BATCH_SIZES = (1, 2, 4, 8, 16)
-
-
 def _batch_costs(dec: Decoder, token: int, reps: int = 3) -> tuple[float, ...]:
     """Median time of a k-token forward (then rolled back) over a one-token forward's, per k (BATCH_SIZES
     starts at 1, so k=1 is 1.0: the generation loop's own overhead, which dominates on tiny models, stays
@@ -269,7 +265,28 @@ def _partition_times(dec: Decoder) -> list[float]:
     return [] if parts is None else list(parts.partition_times())
 
 
-def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfig) -> Sample:
+def _fill(dec: Decoder, context: list[int]) -> None:
+    """The depth's tokens into an empty KV, untimed (llama-bench's -d)."""
+    if context:
+        dec.forward(context, last_only=True)
+
+
+def _back_to_depth(dec: Decoder, context: list[int]) -> None:
+    """The KV holding the depth's tokens only again: rolled back where the decoder reaches that far, else
+    emptied and filled anew (untimed either way)."""
+    extra = dec.position - len(context)
+    reach = rollback_reach(dec)
+    if context and (reach is None or reach >= extra):
+        dec.rollback(extra)
+        return
+    dec.reset()
+    _fill(dec, context)
+
+
+def _measure(
+    entry: str, model: CheckedModel, context: list[int], prompt: list[int], cfg: BenchConfig
+) -> Sample:
+    """One round of `entry`: load, `context` into the KV untimed, then the timed prompt and decode."""
     if entry in PEERS:
         with _PeakRss() as rss:
             return measure_peer(entry, model, prompt, cfg, rss)
@@ -278,6 +295,7 @@ def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfi
         dec = _open(entry, model, cfg)
         load_s = time.perf_counter() - t0
         try:
+            _fill(dec, context)
             rss.sample()
             p0 = _partition_times(dec)
             t0 = time.perf_counter()
@@ -298,7 +316,7 @@ def _measure(entry: str, model: CheckedModel, prompt: list[int], cfg: BenchConfi
             batch = _batch_costs(dec, token)
             constrained = _constrained_decode(dec, model, prompt, cfg) if cfg.grammar else (0, 0.0)
             jumps = _fast_forward(dec, model, prompt, cfg) if cfg.grammar else _Jumps()
-            dec.reset()
+            _back_to_depth(dec, context)
             t0 = time.perf_counter()
             dec.forward(prompt, last_only=True)
             t_warm = time.perf_counter() - t0
@@ -426,12 +444,19 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     for b in cfg.backends:  # fail before measuring anything
         if b not in PEERS and b != AUTO:
             require_backend(b)
+    peers = [b for b in cfg.backends if b in PEERS]
+    if cfg.depth and peers:
+        raise EdgeError(
+            f"--depth cannot hold context untimed in {peers[0]} (measured through its own pipeline)",
+            hint=f"leave {peers[0]} out of --backends, or measure it without --depth",
+        )
     checked = check_model(model)  # before llama.cpp or OpenVINO GenAI reads the file
     if cfg.draft not in (None, "", "none", "auto", "ngram"):
         check_model(cfg.draft)  # a draft model file that fails its checks fails before any measuring
     path, gguf, tokenizer = checked.path, checked.gguf, checked.tokenizer
     cfg, auto_note = _resolve_auto(cfg, path)
-    prompt = bench_prompt(tokenizer, cfg.prompt_tokens)
+    ids = bench_prompt(tokenizer, cfg.depth + cfg.prompt_tokens)  # the prompt continues the depth's text
+    context, prompt = ids[: cfg.depth], ids[cfg.depth :]
     machine = machine_info(cfg.threads)
     load_start = round(psutil.getloadavg()[0], 2)
 
@@ -443,7 +468,7 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     for r in range(cfg.repeat):
         for b in entries:
             step(f"round {r + 1}/{cfg.repeat} {b}", 1 + r * len(entries) + entries.index(b))
-            samples[b].append(_measure(b, checked, prompt, cfg))
+            samples[b].append(_measure(b, checked, context, prompt, cfg))
     draft = None
     if cfg.draft:
         step(f"draft {cfg.draft}: {cfg.repeat} rounds", 1 + cfg.repeat * len(entries))
@@ -539,8 +564,8 @@ def _record_for_auto(path: Path, cfg: BenchConfig, results: Sequence[BackendResu
     enough for a rate: a quick smoke run must not replace the measurement auto decides by)."""
     if cfg.device != "cpu" or is_artifact(path):
         return False
-    if cfg.prompt_tokens < AUTO_MIN_PROMPT or cfg.gen_tokens < AUTO_MIN_GEN:
-        return False
+    if cfg.prompt_tokens < AUTO_MIN_PROMPT or cfg.gen_tokens < AUTO_MIN_GEN or cfg.depth:
+        return False  # too short for a rate, or at a depth: auto decides by an empty KV's speeds
     speeds = {
         r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median, r.prefill_warm_tok_s.median)
         for r in results

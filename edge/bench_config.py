@@ -8,11 +8,15 @@ from typing import TYPE_CHECKING
 
 from edge.devices.auto import AUTO
 from edge.devices.phase_split import is_phase_plan, parse_phase_plan
+from edge.errors import ContextOverflowError, EdgeError
 
 if TYPE_CHECKING:
     from edge.grammar import Grammar
 
-__all__ = ["BenchConfig", "Sample"]
+__all__ = ["BATCH_SIZES", "BenchConfig", "Sample"]
+
+# the widths of the k-token forwards each round times after its decode (a speculative verify's price)
+BATCH_SIZES = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class BenchConfig:
     precision: str = "fast"  # the graph backends' (llama.cpp has one)
     # --json-schema / --json-object: also decode under this grammar's mask (edge/grammar.py), same round
     grammar: Grammar | None = None
+    # --depth: tokens already in the KV before the prompt (their prefill is not timed), as llama-bench's -d
+    depth: int = 0
+    # --ctx-size: the KV's tokens; None: what the run needs, rounded up to 256 (KV size affects load and RSS)
+    ctx_size: int | None = None
 
     @property
     def entries(self) -> tuple[str, ...]:
@@ -58,17 +66,42 @@ class BenchConfig:
         ):
             if value < 1:
                 raise ValueError(f"--{name} must be >= 1 (got {value})")
+        if self.depth < 0:
+            raise ValueError(f"--depth must be >= 0 (got {self.depth})")
+        self._check_depth()
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads must be >= 1 (got {self.threads})")
         for entry in self.plans:  # a phase plan that does not parse fails before anything is measured
             if is_phase_plan(entry):
                 parse_phase_plan(entry, self.precision)
 
+    def _check_depth(self) -> None:
+        if self.ctx_size is not None and self.ctx_size < self.tokens_needed:
+            raise ContextOverflowError(
+                f"--depth {self.depth} + --prompt-tokens {self.prompt_tokens} + --gen-tokens {self.gen_tokens}"
+                f" + {max(BATCH_SIZES)} (the k-token forwards) = {self.tokens_needed} tokens do not fit in "
+                f"--ctx-size {self.ctx_size}",
+                hint=f"give --ctx-size {self.tokens_needed} or more, or leave it out (it then fits the run)",
+            )
+        if self.depth and (self.draft or self.grammar is not None):
+            raise EdgeError(
+                "--depth measures the plain prompt and decode; --draft, --json-schema and --json-object "
+                "run at depth 0",
+                hint="measure them in a run without --depth",
+            )
+
+    @property
+    def tokens_needed(self) -> int:
+        """The most tokens a round holds: depth + prompt + generated, then the widest k-token forward."""
+        return self.depth + self.prompt_tokens + self.gen_tokens + max(BATCH_SIZES)
+
     @property
     def n_ctx(self) -> int:
-        """Context for the run: prompt + generated tokens, rounded up to 256 (KV size affects load and RSS)."""
-        need = self.prompt_tokens + self.gen_tokens + 1
-        return -(-need // 256) * 256
+        """Context for the run: --ctx-size, else what a round holds rounded up to 256 (KV size affects load and
+        RSS)."""
+        if self.ctx_size is not None:
+            return self.ctx_size
+        return -(-self.tokens_needed // 256) * 256
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ def _fmt(r: dict[str, Any], key: str) -> str:
     return f"{_num(r[key])}\n[dim]{_num(r[key + '_min'])}-{_num(r[key + '_max'])}[/]"
 
 
+def _depth(settings: dict[str, Any]) -> str:
+    """`--depth N`: the context in the KV before the prompt, named before it (absent in older reports)."""
+    depth = settings.get("depth", 0)
+    return f"depth {depth}, " if depth else ""
+
+
 def bench_table(report: dict[str, Any]) -> Table:
     """The figures of `BenchReport.to_dict()`: median over min-max per metric, ratios to --against."""
     s, roof = report["settings"], report["roofline"]
@@ -31,7 +37,7 @@ def bench_table(report: dict[str, Any]) -> Table:
         pad_edge=False,
         collapse_padding=True,
         show_edge=False,
-        title=f"{report['model']}: prompt {s['prompt_tokens']}, gen {s['gen_tokens']}, "
+        title=f"{report['model']}: {_depth(s)}prompt {s['prompt_tokens']}, gen {s['gen_tokens']}, "
         f"{s['repeat']} rounds, {s['threads']} threads",
         caption=f"median over min-max; x = ratio to {s['against']}; roofline {roof['bound_tok_s']:.0f} tok/s "
         f"= {roof['bandwidth_gb_s']:.1f} GB/s / {roof['weight_bytes_per_token'] / 1e6:.1f} MB per token",
@@ -163,7 +169,7 @@ def write_plot(report: dict[str, Any], path: str | Path) -> None:
     info.axis("off")
     lines = [
         f"model: {report['model']}",
-        f"prompt {s['prompt_tokens']} tokens, {s['gen_tokens']} decoded (greedy)",
+        f"{_depth(s)}prompt {s['prompt_tokens']} tokens, {s['gen_tokens']} decoded (greedy)",
         f"{s['repeat']} rounds, backends interleaved",
         "bar = median, whiskers = min..max",
         f"xN = ratio to {s['against']} (median / median)",

@@ -11,6 +11,7 @@ from typing import Any
 __all__ = [
     "DRAFT_HELP",
     "PHASE_PLAN_HELP",
+    "add_ctx_size",
     "add_device_args",
     "add_load_args",
     "add_precision",
@@ -39,6 +40,16 @@ def add_precision(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
         default="fast",
         help="fast: int8 activations where a backend has them, as llama.cpp computes (default); "
         "exact: fp32 math on the file's own blocks",
+    )
+
+
+def add_ctx_size(p: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None = 4096) -> None:
+    """--ctx-size: the KV's tokens (`edge bench`: default None, what the run needs)."""
+    p.add_argument(
+        "--ctx-size",
+        type=int,
+        default=default,
+        help=f"context length in tokens (default {default or 'what the run holds, rounded up to 256'})",
     )
 
 
@@ -76,7 +87,7 @@ def add_load_args(p: argparse.ArgumentParser, *, phases: bool = False) -> None:
     group.add_argument(
         "--emulate", action="store_true", help="--device npu: the NPU-shaped static graphs, run on the CPU"
     )
-    group.add_argument("--ctx-size", type=int, default=4096, help="context length in tokens (default 4096)")
+    add_ctx_size(group)
     group.add_argument("--draft", default="auto", help=DRAFT_HELP)
     group.add_argument(
         "--draft-device", default="cpu", help="[backend:]device of the draft model (default cpu)"

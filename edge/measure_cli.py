@@ -6,44 +6,25 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edge.cli_args import PHASE_PLAN_HELP, add_device_args
+from edge.cli_args import PHASE_PLAN_HELP, add_ctx_size, add_device_args
 from edge.errors import EdgeError
+
+if TYPE_CHECKING:
+    from edge.bench import BenchConfig
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from edge.bench import BenchConfig, run_bench, total_steps
+    from edge.bench import run_bench, total_steps
     from edge.bench_report import batch_lines, bench_table, check_plot, partition_lines, write_plot
-    from edge.grammar import cli_grammar
 
     if args.plot:
         check_plot()
-    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
-    if "all" in backends:  # every backend --backend auto chooses between that runs here
-        from edge.devices.auto import available_backends
-
-        backends = tuple(
-            dict.fromkeys(x for b in backends for x in (available_backends() if b == "all" else [b]))
-        )
-    cfg = BenchConfig(
-        backends=backends,
-        against=args.against,
-        device=args.device,
-        prompt_tokens=args.prompt_tokens,
-        gen_tokens=args.gen_tokens,
-        repeat=args.repeat,
-        threads=args.threads,
-        draft=args.draft,
-        draft_device=args.draft_device,
-        draft_k=args.draft_k,
-        plans=tuple(args.plan or ()),
-        precision=args.precision,
-        grammar=cli_grammar(args.json_schema, args.json_object),
-    )
+    cfg = _bench_config(args)
     err = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     with Progress(
@@ -92,6 +73,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _write_json(args.json, report)
         err.print(f"JSON written to {args.json}")
     return 0
+
+
+def _bench_config(args: argparse.Namespace) -> BenchConfig:
+    """What `edge bench` was asked, checked (`all` in --backends: every installed backend auto chooses from)."""
+    from edge.bench import BenchConfig
+    from edge.grammar import cli_grammar
+
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    if "all" in backends:  # every backend --backend auto chooses between that runs here
+        from edge.devices.auto import available_backends
+
+        backends = tuple(
+            dict.fromkeys(x for b in backends for x in (available_backends() if b == "all" else [b]))
+        )
+    return BenchConfig(
+        backends=backends,
+        against=args.against,
+        device=args.device,
+        prompt_tokens=args.prompt_tokens,
+        gen_tokens=args.gen_tokens,
+        repeat=args.repeat,
+        threads=args.threads,
+        draft=args.draft,
+        draft_device=args.draft_device,
+        draft_k=args.draft_k,
+        plans=tuple(args.plan or ()),
+        precision=args.precision,
+        grammar=cli_grammar(args.json_schema, args.json_object),
+        depth=args.depth,
+        ctx_size=args.ctx_size,
+    )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -180,9 +192,17 @@ def _add_bench(sub: Any) -> None:
         help="also measure a device plan, e.g. hetero:openvino:cpu,ort:cpu or npu-emulated (repeatable; "
         "reports each partition's time), or a phase plan: " + PHASE_PLAN_HELP,
     )
-    add_device_args(ben)
+    add_ctx_size(add_device_args(ben), default=None)
     ben.add_argument("--prompt-tokens", type=int, default=128)
     ben.add_argument("--gen-tokens", type=int, default=128)
+    ben.add_argument(
+        "--depth",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure prefill and decode with N tokens of context already in the KV, on every backend "
+        "(their prefill untimed, as llama-bench -d); --ctx-size must hold N + prompt + gen + 16",
+    )
     ben.add_argument("--repeat", type=int, default=5, help="rounds, backends interleaved (default 5)")
     ben.add_argument(
         "--draft", default=None, help="also decode with this draft model (or 'ngram') vs without, same run"
