@@ -115,8 +115,9 @@ class Truncation(Protocol):
 
 
 class BatchStats(Protocol):
-    """What a batch engine has run (devices/batch.py): graph runs, the slots' pieces and tokens they carried,
-    and the runs that carried a many-token piece beside one-token steps."""
+    """What a batch engine has run (devices/batch.py): its packed runs (`steps`, on a phase split the decode
+    half's) and the slots' pieces they carried, the tokens of every run, the steps that carried a many-token
+    piece beside one-token ones, and the prompt chunks run on a split's prefill half."""
 
     steps: int
     pieces: int

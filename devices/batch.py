@@ -105,10 +105,13 @@ class BatchEngine:
         linger: float = LINGER_S,
         prefill: Shared | None = None,
         phases: PhaseSplit | None = None,
+        backend: str | None = None,
     ) -> None:
         self.base = base
         # a phase split's prompt half and what the split declares (threshold, labels); None: one graph
         self.prefill, self.phases = prefill, phases
+        # what the slots name as their backend (a split's label, e.g. "openvino:bf16+ort"); None: base's
+        self.backend = backend or base.backend
         if (prefill is None) != (phases is None):
             raise ValueError("a prefill half comes with the split's PhaseSplit")
         self.linger = linger
@@ -129,9 +132,18 @@ class BatchEngine:
     def slots(self, n: int) -> list[SlotDecoder]:
         if n < 1:
             raise ValueError(f"a batch needs at least one slot, got {n}")
-        with self._cond:
-            self._open += n
-        return [SlotDecoder(self) for _ in range(n)]
+        slots: list[SlotDecoder] = []
+        try:
+            for _ in range(n):
+                with self._cond:
+                    self._open += 1
+                slots.append(SlotDecoder(self))
+        except BaseException:  # the one that failed and those made: the last release stops the engine
+            self.release()
+            for s in slots:
+                s.close()
+            raise
+        return slots
 
     # -- what slots call -------------------------------------------------------------------------------
     def run(self, piece: _Piece) -> list[np.ndarray]:
@@ -156,9 +168,11 @@ class BatchEngine:
                 self._cond.notify_all()
         if last:
             self._thread.join()
-            self.base.close()
-            if self.prefill is not None:
-                self.prefill.close()
+            try:
+                self.base.close()
+            finally:
+                if self.prefill is not None:
+                    self.prefill.close()
 
     @property
     def alive(self) -> bool:
@@ -208,24 +222,24 @@ class BatchEngine:
             return batch
 
     def _step(self, batch: list[_Piece]) -> None:
-        """One step: the decode half's pieces packed into one run, then a prompt piece on the prefill half."""
+        """One step: the decode half's pieces packed into one run, then a prompt piece on the prefill half
+        (alone). `steps`, `pieces` and `mean_batch` count the packed runs; `prefill_runs` the others."""
         short = [p for p in batch if not p.long]
         long = [p for p in batch if p.long]
-        if short:
-            self._run(short, self.base)
+        if short and self._run(short, self.base):
+            self.steps += 1
+            self.pieces += len(short)
+            self.tokens += sum(p.n for p in short)
         if long:
             assert self.prefill is not None  # slots build long pieces only for an engine with a prefill half
-            self._run(long, self.prefill)
-            self.prefill_runs += 1
-        self.steps += 1
-        self.pieces += len(batch)
-        self.tokens += sum(p.n for p in batch)
-        self.mixed_steps += len({p.long or p.n > 1 for p in batch}) == 2
+            if self._run(long, self.prefill):
+                self.prefill_runs += 1
+                self.tokens += sum(p.n for p in long)
+        self.mixed_steps += len({p.n > 1 for p in batch}) == 2
         for p in batch:
-            p.batch = len(batch)
             p.done.set()
 
-    def _run(self, pieces: list[_Piece], graph: Shared) -> None:
+    def _run(self, pieces: list[_Piece], graph: Shared) -> bool:
         """Run `pieces` packed on `graph`; each gets its outputs, or the error (every piece of the run)."""
         try:
             feeds, splits = pack([p.feeds for p in pieces], graph.cfg.n_layer, staged=graph.staged)
@@ -233,9 +247,10 @@ class BatchEngine:
         except BaseException as exc:  # every slot of the run gets it; the engine goes on
             for p in pieces:
                 p.error = exc
-            return
+            return False
         for p, o in zip(pieces, parts, strict=True):
-            p.out = o
+            p.out, p.batch = o, len(pieces)
+        return True
 
 
 @dataclass(frozen=True)
@@ -322,7 +337,7 @@ class SlotDecoder(RingDecoder):
         self.backend, self.device = base.backend, base.device
         self.staged, self.first_run_costs = base.staged, base.first_run_costs
         if prefill is not None:  # as PhaseSplitDecoder names and warms itself
-            self.backend = f"{prefill.backend}+{base.backend}"
+            self.backend = engine.backend
             self.device = "+".join(dict.fromkeys((prefill.device, base.device)))
             self.first_run_costs = base.first_run_costs or prefill.first_run_costs
         self._long = False  # the forward being run is a prompt for the prefill half

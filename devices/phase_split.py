@@ -218,7 +218,8 @@ class PhaseSplitDecoder(RingDecoder):
             raise DeviceError("this decoder was split into slots already", hint="load the model again")
         check_slots_fit(n, self.cache.nbytes)
         prefill, decode = self._halves
-        slots: list[Decoder] = list(BatchEngine(decode, prefill=prefill, phases=self._phases).slots(n))
+        engine = BatchEngine(decode, prefill=prefill, phases=self._phases, backend=self.backend)
+        slots: list[Decoder] = list(engine.slots(n))
         self._batched = True
         self.cache = self._new_cache(self.cache.sink)  # NOTE: a fresh ring's buffers are untouched zero pages
         return slots

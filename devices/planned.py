@@ -68,8 +68,13 @@ class PlannedOptions:
     static_capacity: int = 1024  # static plans: KV slots (the ring wraps beyond, keeping sinks)
     precision: str = "fast"  # every partition's: fast | exact
     available_memory: int | None = None  # bytes to assume free for the memory check; None measures it
-    # sequences will run at once: auto prefers the backends that batch (devices/auto.py)
-    batching: bool = False
+    # sequences that will run at once (slots, each its own KV): auto prefers the backends that batch
+    # (devices/auto.py), and a split by phase must hold that many KV caches beside both halves' weights
+    parallel: int = 1
+
+    @property
+    def batching(self) -> bool:
+        return self.parallel > 1
 
 
 def _ranges(plan: Plan) -> str:
@@ -301,8 +306,10 @@ def _open_phases(
     if all(e is not None for e in estimates):
         a, b = estimates
         assert a is not None and b is not None
-        # both halves hold their weights; the KV is the split's one ring (the halves' own stay unwritten)
-        need = MemoryEstimate(a.weights + b.weights, a.kv_cache, a.scratch + b.scratch, a.kv_dtype)
+        # both halves hold their weights; the KV is the split's one ring (the halves' own stay unwritten), or
+        # one per slot when it serves parallel sequences
+        kv = a.kv_cache * max(1, options.parallel)
+        need = MemoryEstimate(a.weights + b.weights, kv, a.scratch + b.scratch, a.kv_dtype)
         check_fits(need, model.path.name, split.backend, options.n_ctx, options.available_memory)
     said = "; ".join(f for f in (fallback, *fallbacks) if f) or None
     where = Placement(split.backend, split.device, said, auto=auto)
@@ -381,9 +388,11 @@ def _open_auto_split(
         return _open_phases(model, phases, options, auto=choice, fallback=fallback)
     except InsufficientMemoryError as exc:
         single = choice.split.single
-        why = f"the split by phase does not fit in memory ({exc.message}); running {single} alone"
-        verdict = replace(choice.split, chosen=False, why=why)
-        return replace(choice, backend=single, why=choice.why, note=why, split=verdict)
+        note = f"the split by phase does not fit in memory ({exc.message}); running {single} alone"
+        verdict = replace(choice.split, chosen=False, why=note)
+        why = "fastest single backend measured on this machine; the split by phase that measured faster does not fit"
+        notes = "; ".join(n for n in (choice.note, note) if n)
+        return replace(choice, backend=single, why=why, note=notes, split=verdict)
 
 
 def _open_artifact_partitions(

@@ -104,7 +104,7 @@ def _open(checked: CheckedModel, opts: LoadOptions, on_progress: PullProgress | 
         threads=opts.n_threads,
         precision=opts.precision,
         available_memory=opts.available_memory,
-        batching=opts.parallel > 1,
+        parallel=opts.parallel,
     )
     with reporting(on_progress):  # the graph builds below (devices/graph_decoder.py, devices/planned.py)
         opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there

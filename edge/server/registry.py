@@ -143,7 +143,12 @@ class Registry:
             except BaseException:
                 first.close()
                 raise
-            log.info("%s: %d slots on one copy of the weights (continuous batching)", ref, n)
+            copy = (
+                "each half's weights once"
+                if first.decoder.capabilities().phases
+                else "one copy of the weights"
+            )
+            log.info("%s: %d slots on %s (continuous batching)", ref, n, copy)
         else:
             backend = first.backend
             first.close()

@@ -21,7 +21,7 @@ from edge.devices.base import Decoder
 from edge.devices.batch import BatchEngine
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.phase_split import PhaseSplitDecoder
-from edge.errors import ContextOverflowError
+from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache.staging import WINDOW
 from edge.models.gguf_file import open_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
@@ -168,9 +168,27 @@ def test_slots_of_a_phase_split_decode_as_the_split_alone(
         return PhaseSplitDecoder(*halves)
 
     engine = _slots_as_alone(split)
-    # the long prompt's chunks ran on the prefill half, the decode rows were packed
-    assert engine.prefill_runs >= 2 and engine.mean_batch > 1.5 and engine.mixed_steps > 0
+    # every chunk of the long prompt (its last, short one too) ran on the prefill half, nothing else did; the
+    # decode rows were packed
+    probe = split()
+    chunks = -(-len(PLANS[1][0]) // probe.chunk)  # 105 tokens in 40-token chunks (gemma3: its window's)
+    probe.close()
+    assert engine.prefill_runs == chunks and engine.mean_batch > 1.5 and engine.mixed_steps > 0
     assert not engine.alive and engine.base.runner is None and engine.prefill.runner is None
+
+
+def test_a_split_given_to_slots_leaves_its_halves_to_them(files: dict[str, Path]) -> None:
+    gg = open_gguf(files["llama-q4_1"])
+    halves = [GraphDecoder(gg, _options(b, False, 64)) for b in ("openvino", "ort")]
+    split = PhaseSplitDecoder(*halves)
+    slots = split.slots(2)
+    split.close()  # the model that handed its decoder over closes: the slots go on
+    assert np.isfinite(slots[0].forward(_prompt(40, 3), last_only=True)).all()
+    with pytest.raises(DeviceError, match="split into slots"):
+        split.forward([1, 2])
+    for s in slots:
+        s.close()
+    assert halves[0].runner is None and halves[1].runner is None
 
 
 def test_a_slot_failing_fails_alone(files: dict[str, Path]) -> None:
