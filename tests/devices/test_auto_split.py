@@ -198,6 +198,27 @@ def test_a_split_for_parallel_requests_gives_slots_over_both_halves(tiny: Path) 
             s.close()
 
 
+def test_a_split_for_parallel_requests_counts_every_slots_kv(tiny: Path) -> None:
+    """Both halves' weights and one KV fit, four KV caches do not: auto runs the single backend, with a note,
+    rather than failing when the slots are made."""
+    from edge.devices.planned import DeviceRequest, PlannedOptions, resolve_request
+    from edge.devices.registry import estimate_memory
+    from edge.models.checked import check_model
+
+    _record(tiny, SPLIT_PAYS)
+    checked = check_model(tiny)
+    n_ctx = 2048  # a KV large against the tiny weights
+    halves = [estimate_memory(b, checked, n_ctx) for b in ("openvino", "ort")]
+    assert halves[0] is not None and halves[1] is not None
+    both = halves[0].weights + halves[1].weights + halves[0].scratch + halves[1].scratch
+    free = both + 2 * halves[0].kv_cache  # the split with one or two KV caches fits, with four it does not
+    for parallel, split in ((1, True), (4, False)):
+        opts = PlannedOptions(n_ctx=n_ctx, threads=1, available_memory=free, parallel=parallel)
+        placement = resolve_request(checked, DeviceRequest(None, "cpu", None), opts).placement
+        assert placement.auto is not None and (placement.auto.plan is not None) == split, parallel
+    assert placement.auto.note is not None and "does not fit in memory" in placement.auto.note
+
+
 def test_a_split_that_does_not_fit_runs_the_single_backend_it_beat(tiny: Path) -> None:
     """Auto was not asked to split: a split whose two halves' weights do not fit must not stop the load."""
     from edge.devices.registry import estimate_memory
