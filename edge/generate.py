@@ -336,9 +336,9 @@ class Generation:
             return self.decoding, constraint
         if not self.config.fast_forward:
             return PlainDecoding(dec), constraint
-        from edge.fastforward import FastForwardDecoding
+        from edge.speculative import SpeculativeDecoding
 
-        return FastForwardDecoding(dec), constraint
+        return SpeculativeDecoding(dec, []), constraint  # no drafter: the forced tokens only (fast-forward)
 
     def _record(self, decoding: Decoding) -> None:
         """The entry of the token just appended, when logprobs are asked."""

@@ -398,7 +398,9 @@ def _average(old: float | None, new: float) -> float:
 
 
 class SpeculativeDecoding:
-    """The `Decoding` strategy of `edge.generate.Generation` with a drafter (see the module docstring)."""
+    """The `Decoding` strategy of `edge.generate.Generation` with a drafter (see the module docstring). With no
+    drafter it is fast-forward (edge/fastforward.py): a constrained generation's forced tokens, verified as a
+    deterministic draft."""
 
     def __init__(
         self,
@@ -414,9 +416,7 @@ class SpeculativeDecoding:
         # near-tie the other way: see drafts_greedy; sampling keeps the target's distribution either way)
         self.greedy = greedy
         self.drafters: list[Drafter] = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
-        if not self.drafters:
-            raise ValueError("speculative decoding needs at least one drafter")
-        self.drafter = self.drafters[0]
+        self.drafter = self.drafters[0] if self.drafters else None
         self.name = "+".join(d.name for d in self.drafters)  # "ngram+qwen2.5-coder-0.5b" for --draft auto
         self.config = config or SpecConfig()
         self.rule = rule  # injectable so tests can show that a wrong rule changes the distribution
@@ -424,7 +424,7 @@ class SpeculativeDecoding:
             min(x for x in (self.config.k_max, rollback_limit(target), d.max_k) if x is not None)
             for d in self.drafters
         ]
-        self.k_cap = max(self.k_caps)
+        self.k_cap = max(self.k_caps, default=0)
         self._sampling = SamplingConfig()
         self._sampler = Sampler(self._sampling)
         self._rng = np.random.default_rng()
@@ -439,7 +439,8 @@ class SpeculativeDecoding:
         verify: dict[int, float] = {}  # the target's forward costs, whichever drafter fed it
         pieces = piece_sizes if self.target.capabilities().staged else None
         self.choosers = [AdaptiveK(self.config, verify, pieces) for _ in self.drafters]
-        self.chooser = self.choosers[0]
+        # the chooser a round without a draft reports its forward to (fast-forward: the only one)
+        self.chooser = self.choosers[0] if self.choosers else AdaptiveK(self.config, verify, pieces)
 
     def applies(self, sampling: SamplingConfig) -> bool:
         """Whether a generation with these sampling settings drafts (see `greedy`)."""
@@ -518,7 +519,7 @@ class SpeculativeDecoding:
 
     def _draft(
         self, history: Sequence[int], forced: list[int], room: int, position: int, pending: int
-    ) -> tuple[int, Draft, AdaptiveK, Drafter]:
+    ) -> tuple[int, Draft, AdaptiveK, Drafter | None]:
         """(k chosen, the draft that follows `forced`, its chooser, its drafter): the first drafter that drafts
         anything, each given the grammar's state after `forced` (rolled back after)."""
         grammar = self._constraint
@@ -527,7 +528,7 @@ class SpeculativeDecoding:
                 grammar.advance(token)
         try:
             if grammar is not None and grammar.done:  # the forced tokens complete the output
-                return 0, Draft([]), self.choosers[0], self.drafters[0]
+                return 0, Draft([]), self.chooser, None
             return self._ask([*history, *forced], room - len(forced), position, pending, len(forced))
         finally:
             if grammar is not None:
@@ -535,7 +536,7 @@ class SpeculativeDecoding:
 
     def _ask(
         self, history: Sequence[int], room: int, position: int, pending: int, forced: int
-    ) -> tuple[int, Draft, AdaptiveK, Drafter]:
+    ) -> tuple[int, Draft, AdaptiveK, Drafter | None]:
         """`pending`: the token the verify forward carries first (0 or 1); `forced`: the forced tokens after it,
         which the target and a draft model may have to roll back with the draft (their limits count them)."""
         for drafter, ch, cap in zip(self.drafters, self.choosers, self.k_caps, strict=True):
@@ -557,7 +558,7 @@ class SpeculativeDecoding:
                 )
             if draft.tokens:
                 return k, draft, ch, drafter
-        return 0, Draft([]), self.choosers[0], self.drafters[0]
+        return 0, Draft([]), self.chooser, None
 
     def _count(
         self,
@@ -565,7 +566,7 @@ class SpeculativeDecoding:
         k: int,
         n_ok: int,
         chooser: AdaptiveK,
-        source: Drafter,
+        source: Drafter | None,
         times: tuple[float, float, float],
         *,
         fed: bool,
@@ -586,7 +587,7 @@ class SpeculativeDecoding:
             if judged:
                 chooser.observe_draft(len(draft.tokens), t1 - t0)
                 chooser.observe_round(len(draft.tokens), n_ok, draft.kind)
-            if len(self.drafters) > 1:
+            if len(self.drafters) > 1 and source is not None:
                 counts = st.sources.setdefault(source.name, [0, 0, 0])
                 counts[0] += len(draft.tokens)
                 counts[1] += n_ok
@@ -598,8 +599,8 @@ class SpeculativeDecoding:
         if 1 in chooser.verify:
             st.target_step_s = chooser.verify[1]
 
-    def draft_stats(self) -> DraftStats:
-        return self.stats
+    def draft_stats(self) -> DraftStats | None:
+        return self.stats if self.drafters else None  # fast-forward alone drafts nothing
 
     def forced_stats(self) -> ForcedStats | None:
         return self.forced
@@ -620,19 +621,21 @@ class SpeculativeDecoding:
         """(drafted tokens accepted, the token that follows them) from the target's rows [k + 1, vocab]; the
         token is None where the grammar completes at the last accepted one (nothing may follow). `probs`:
         each token's q row (None: deterministic, q one-hot); the first `n_forced` are the grammar's forced
-        tokens."""
+        tokens. Rows are prepared as plain decoding prepares them (`Sampler.prepare`: the grammar's mask,
+        then the repeat penalty)."""
         cfg, rng, grammar = self._sampling, self._rng, self._constraint
         penalize = cfg.repeat_penalty != 1.0 and cfg.repeat_last_n != 0
         # the repeat penalty looks at the last repeat_last_n tokens, accepted drafts included
         recent = list(history[-cfg.repeat_last_n :] if cfg.repeat_last_n > 0 else history) if penalize else []
         for i, token in enumerate(tokens):
-            row = self._judged(rows[i], recent, forced=i < n_forced)
-            if cfg.greedy:
-                best = int(np.argmax(row))
-                if best != token:
-                    return i, self._kept(best)
-            else:
-                other = self.rule(probabilities(row, cfg), probs[i], token, rng)
+            allowed = None if grammar is None else grammar.allowed()
+            if not (i < n_forced and self._certain(allowed, token)):
+                row = self._sampler.prepare(rows[i], recent, allowed)
+                if cfg.greedy:
+                    other = int(np.argmax(row))
+                    other = None if other == token else other
+                else:
+                    other = self.rule(probabilities(row, cfg), probs[i], token, rng)
                 if other is not None:
                     return i, self._kept(other)
             if grammar is not None:
@@ -641,21 +644,20 @@ class SpeculativeDecoding:
                     return i + 1, None
             if penalize:
                 recent.append(token)
-        row = self._judged(rows[len(tokens)], recent)
+        row = self._sampler.prepare(rows[len(tokens)], recent, None if grammar is None else grammar.allowed())
         if cfg.greedy:
             return len(tokens), self._kept(int(np.argmax(row)))
         p = probabilities(row, cfg)
         return len(tokens), self._kept(int(rng.choice(p.shape[0], p=p)))
 
-    def _judged(self, row: np.ndarray, recent: Sequence[int], *, forced: bool = False) -> np.ndarray:
-        """The row a token is judged or drawn by, as plain decoding prepares it: the grammar's mask, then the
-        repeat penalty."""
-        grammar, allowed = self._constraint, None
-        if grammar is not None:
-            allowed = grammar.allowed()
-            if forced and self.forced is not None and np.count_nonzero(allowed) > 1:
-                self.forced.drawn += 1  # the grammar admits others here too: the row decides
-        return self._sampler.prepare(row, recent, allowed)
+    def _certain(self, allowed: np.ndarray | None, token: int) -> bool:
+        """A forced token the grammar admits alone has probability 1 under every sampling chain: nothing to
+        judge (the row's softmax is skipped). Else the row decides, and ForcedStats counts it as drawn."""
+        if allowed is not None and allowed[token] and np.count_nonzero(allowed) == 1:
+            return True
+        if self.forced is not None:
+            self.forced.drawn += 1
+        return False
 
     def _kept(self, token: int) -> int:
         """A token drawn by the round (a correction or the bonus), the grammar advanced with it."""
