@@ -149,7 +149,7 @@ def evaluate(
     try:
         test, backend = _open_test(checked, backend, cfg, opts)
         try:
-            _check_prompt_path(test, cfg.test_prompt)
+            _check_split_paths(test, cfg.test_prompt, min(cfg.test_chunk or cfg.chunk, cfg.chunk))
             rows = _teacher_force(
                 ref_dec, test, ids, window, cfg.chunk, on_progress, cfg.test_chunk, cfg.test_prompt
             )
@@ -179,17 +179,25 @@ def _open_test(
     return dec, placement.backend
 
 
-def _check_prompt_path(test: Decoder, test_prompt: int | None) -> None:
-    """A split runs a forward on its prefill half only when it is longer than its threshold: a shorter
-    --test-prompt would score the decode half alone and call it the split's."""
+def _check_split_paths(test: Decoder, test_prompt: int | None, piece: int) -> None:
+    """A split runs a forward on its prefill half only when it is longer than its threshold, else on its decode
+    half: a --test-prompt that short would score the decode half alone and call it the split's, and pieces
+    (--test-chunk) that long would score the prefill half as the rows after the prompt."""
     phases = test.capabilities().phases
-    if phases is None or test_prompt is None or test_prompt > phases.threshold:
+    if phases is None:
         return
-    raise EdgeError(
-        f"--test-prompt {test_prompt} is no prompt to this split: its prefill half ({phases.prefill}) takes "
-        f"forwards of more than {phases.threshold} tokens",
-        hint=f"pass --test-prompt {phases.threshold + 1} or more",
-    )
+    if test_prompt is not None and test_prompt <= phases.threshold:
+        raise EdgeError(
+            f"--test-prompt {test_prompt} is no prompt to this split: its prefill half ({phases.prefill}) "
+            f"takes forwards of more than {phases.threshold} tokens",
+            hint=f"pass --test-prompt {phases.threshold + 1} or more",
+        )
+    if piece > phases.threshold:
+        raise EdgeError(
+            f"pieces of {piece} tokens run on this split's prefill half ({phases.prefill}), not on its decode "
+            f"half ({phases.decode}), which takes forwards of up to {phases.threshold} tokens",
+            hint=f"pass --test-chunk {phases.threshold} or fewer (1: the decode path generation runs)",
+        )
 
 
 def _teacher_force(

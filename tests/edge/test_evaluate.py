@@ -63,6 +63,16 @@ def test_a_prompt_the_split_would_not_send_to_its_prefill_half_is_refused(tiny: 
     assert err.value.hint == f"pass --test-prompt {WINDOW + 1} or more"
 
 
+def test_pieces_the_split_would_send_to_its_prefill_half_are_refused(tiny: Path) -> None:
+    """Without --test-chunk the tested decoder gets 128-token forwards: on a split those are the prefill
+    half's, so "the rows after" would not be its decode path."""
+    for test_prompt in (40, None):
+        cfg = _cfg(plan="prefill=openvino:cpu,decode=ort:cpu", tokens=64, test_prompt=test_prompt)
+        with pytest.raises(EdgeError, match="run on this split's prefill half") as err:
+            evaluate(str(tiny), cfg)
+        assert err.value.hint is not None and f"--test-chunk {WINDOW} or fewer" in err.value.hint
+
+
 def test_the_config_is_checked_before_anything_loads() -> None:
     with pytest.raises(ValueError, match="no --backend"):
         EvalConfig(backend="ort", plan="prefill=openvino:cpu,decode=ort:cpu")
