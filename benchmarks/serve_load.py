@@ -136,8 +136,11 @@ def cpu_summary(lscpu: str) -> dict[str, Any]:
         "BF16": bool(flags & {"avx512_bf16", "amx_bf16"}),
         "AMX": bool(flags & {"amx_tile", "amx_bf16", "amx_int8"}),
     }
+    name = fields.get("Model name", "unknown")
+    family, model = fields.get("CPU family"), fields.get("Model")
+    # a virtual machine's model name can be the vendor's alone ("AMD EPYC"): family and model tell CPUs apart
     return {
-        "model": fields.get("Model name", "unknown"),
+        "model": name if family is None else f"{name} (CPU family {family} model {model})",
         "cpus": fields.get("CPU(s)"),
         "threads_per_core": fields.get("Thread(s) per core"),
         "flags": has,

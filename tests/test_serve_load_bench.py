@@ -50,6 +50,8 @@ def test_cpu_summary_names_the_extensions() -> None:
     assert cpu["model"] == "AMD EPYC 9R14"
     assert cpu["summary"] == "AVX2, AVX-512, VNNI, BF16"
     assert cpu_summary("Flags: sse2 avx2 avx_vnni amx_tile amx_bf16\n")["summary"] == "AVX2, VNNI, BF16, AMX"
+    kvm = cpu_summary("Model name: AMD EPYC\nCPU family:  26\nModel:  2\nFlags: avx2\n")
+    assert kvm["model"] == "AMD EPYC (CPU family 26 model 2)"
 
 
 def test_mixed_up_only_when_another_answer_agrees_longer() -> None:
