@@ -117,8 +117,10 @@ class Choice:
 
 # -- keys --------------------------------------------------------------------------------------------------
 def machine_key(threads: int | None) -> dict[str, Any]:
-    """What a measurement holds for: the CPU, the thread count, the runtimes' versions (installed ones) and the
-    own graphs' format (a graph change, such as a new attention form, makes earlier measurements stale)."""
+    """What a measurement holds for: the CPU (its model name and instruction sets: a virtual machine's name can
+    be the vendor's alone, "AMD EPYC" for an AVX2-only part and a Zen 5 with BF16 alike), the thread count, the
+    runtimes' versions (installed ones) and the own graphs' format (a graph change, such as a new attention
+    form, makes earlier measurements stale). A measured bf16 half therefore stands only where bf16 ran."""
     from edge.devices.cpu import probe_cpu
     from edge.devices.graph_decoder import GRAPH_FORMAT
 
@@ -134,7 +136,8 @@ def machine_key(threads: int | None) -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         versions["edge"] = None
     versions["graph_format"] = str(GRAPH_FORMAT)
-    return {"cpu": cpu.model, "threads": threads or cpu.physical_cores, "versions": versions}
+    isa = sorted(k for k, on in cpu.isa.items() if on)
+    return {"cpu": cpu.model, "isa": isa, "threads": threads or cpu.physical_cores, "versions": versions}
 
 
 def _catalog_sha256(path: Path) -> str | None:
@@ -415,19 +418,12 @@ def _from_measurement(run: _Run, candidates: Sequence[str], precision: str, spli
 
 def _may_split(half: str, candidates: Sequence[str], precision: str) -> bool:
     """Whether a half named `backend[:precision]` may run a split here: an own graph installed here, at the
-    run's precision or, at fast, OpenVINO's bf16 where the CPU has a bf16 path (a matrix engine)."""
+    run's precision or, at fast, OpenVINO's bf16 (measured on this machine, whose key holds its instruction
+    sets: it has a bf16 path)."""
     backend, _, own = half.partition(":")
     if backend not in GRAPH_BACKENDS or backend not in candidates:
         return False
-    return not own or (own == BF16 and precision == "fast" and backend == "openvino" and bf16_here())
-
-
-def bf16_here() -> bool:
-    """Whether this CPU multiplies in bf16 (AVX512-BF16 or AMX), which OpenVINO's bf16 half needs."""
-    from edge.devices.cpu import probe_cpu
-
-    isa = probe_cpu().isa
-    return bool(isa.get("avx512_bf16") or isa.get("amx"))
+    return not own or (own == BF16 and precision == "fast" and backend == "openvino")
 
 
 def _from_prior(path: Path, sha: str | None, candidates: Sequence[str]) -> Choice | None:
