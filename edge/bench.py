@@ -445,11 +445,12 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
         if b not in PEERS and b != AUTO:
             require_backend(b)
     peers = [b for b in cfg.backends if b in PEERS]
-    if cfg.depth and peers:
-        raise EdgeError(
-            f"--depth cannot hold context untimed in {peers[0]} (measured through its own pipeline)",
-            hint=f"leave {peers[0]} out of --backends, or measure it without --depth",
-        )
+    for asked, given in (("--depth", cfg.depth), ("--ctx-size", cfg.ctx_size is not None)):
+        if given and peers:  # a peer's own pipeline sizes its context itself: it would not be what was asked
+            raise EdgeError(
+                f"{asked} does not apply to {peers[0]} (measured through its own pipeline)",
+                hint=f"leave {peers[0]} out of --backends, or measure it without {asked}",
+            )
     checked = check_model(model)  # before llama.cpp or OpenVINO GenAI reads the file
     if cfg.draft not in (None, "", "none", "auto", "ngram"):
         check_model(cfg.draft)  # a draft model file that fails its checks fails before any measuring

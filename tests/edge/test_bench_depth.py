@@ -55,11 +55,14 @@ def test_a_depth_that_does_not_fit_is_one_line_naming_both(tiny: Path) -> None:
     assert "--depth 500" in line and "--ctx-size 256" in line
 
 
-def test_a_peer_cannot_hold_the_depth(tiny: Path) -> None:
-    cfg = BenchConfig(backends=("llamacpp", "openvino-genai"), depth=8, repeat=1)
-    with pytest.raises(EdgeError, match="--depth") as err:
-        run_bench(str(tiny), cfg)
-    assert err.value.hint and "openvino-genai" in err.value.hint
+def test_a_peer_cannot_hold_the_depth_nor_take_the_context_size(tiny: Path) -> None:
+    for asked, cfg in (
+        ("--depth", BenchConfig(backends=("llamacpp", "openvino-genai"), depth=8, repeat=1)),
+        ("--ctx-size", BenchConfig(backends=("llamacpp", "openvino-genai"), ctx_size=512, repeat=1)),
+    ):
+        with pytest.raises(EdgeError, match=f"{asked} does not apply to openvino-genai") as err:
+            run_bench(str(tiny), cfg)
+        assert err.value.hint and "openvino-genai" in err.value.hint
 
 
 class _Spy:
