@@ -496,6 +496,11 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
     notes = {"rss": RSS_METHOD, "load": LOAD_NOTE}
     if auto_note:
         notes["auto"] = auto_note
+    if cfg.depth:  # the untimed depth ran the prompt kernels first: not a cold first prompt any more
+        notes["depth"] = (
+            f"at --depth {cfg.depth} the first prompt follows the depth's untimed prefill (the kernels' first runs "
+            "are paid there): read it as a second prompt, not as the first after load"
+        )
     if _record_for_auto(path, cfg, results):
         notes["auto_record"] = (
             "these medians now decide --backend auto for this file on this machine (devices/auto.py)"

@@ -61,7 +61,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"{r['fast_forward_tok_s']:.1f} tok/s, {r['ratio_fast_forward']:.3f}x one step each ({same})"
             )
             (err if args.json == "-" else Console()).print(line, highlight=False)
-    for key in ("auto", "auto_record"):  # which backend auto benched and why; that auto now reads this run
+    for key in ("auto", "auto_record", "depth"):  # auto's choice and record; what a depth does to the figures
         if key in bench.notes:
             err.print(bench.notes[key], highlight=False)
     if args.plot:

@@ -101,6 +101,7 @@ def test_every_backend_measures_the_prompt_and_decode_at_the_depth(
     for r in out["results"]:
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0 and r["prefill_warm_tok_s"] > 0
     assert "auto_record" not in report.notes  # speeds at a depth never decide --backend auto
+    assert f"--depth {DEPTH} the first prompt follows" in report.notes["depth"]
     assert "depth 40, prompt 12" in _table_text(out)
 
 
