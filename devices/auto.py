@@ -42,6 +42,7 @@ from edge.devices.auto_split import (
     halves_json,
     parse_halves,
     phase_table,
+    positive,
     weigh_split,
 )
 from edge.devices.llamacpp import INSTALL_LLAMACPP
@@ -183,25 +184,15 @@ def _speeds_path() -> Path:
 
 
 def _parse_speeds(raw: object) -> dict[str, Speed]:
+    """A run's backends as stored; damaged entries are left out (the warm prompt is absent in records before
+    auto by phase)."""
     out: dict[str, Speed] = {}
-    if not isinstance(raw, dict):
-        return out
-    for b, s in raw.items():
-        try:
-            warm = s.get("prefill_warm_tok_s")  # absent in records before auto by phase
-            warm = float(warm) if warm is not None and float(warm) > 0 else None
-            speed = Speed(float(s["prefill_tok_s"]), float(s["decode_tok_s"]), warm)
-        except (AttributeError, TypeError, KeyError, ValueError):
+    for b, s in raw.items() if isinstance(raw, dict) else ():
+        if b not in AUTO_BACKENDS or not isinstance(s, dict):
             continue
-        if b in AUTO_BACKENDS and speed.prefill_tok_s > 0 and speed.decode_tok_s > 0:
-            out[b] = speed
-    return out
-
-
-def _speed_json(s: Speed) -> dict[str, float]:
-    out = {"prefill_tok_s": round(s.prefill_tok_s, 2), "decode_tok_s": round(s.decode_tok_s, 2)}
-    if s.prefill_warm_tok_s is not None:
-        out["prefill_warm_tok_s"] = round(s.prefill_warm_tok_s, 2)
+        prefill, decode = positive(s.get("prefill_tok_s")), positive(s.get("decode_tok_s"))
+        if prefill is not None and decode is not None:
+            out[b] = Speed(prefill, decode, positive(s.get("prefill_warm_tok_s")))
     return out
 
 
@@ -229,7 +220,7 @@ def record_speeds(
     runs.append(
         {
             **key,
-            "backends": {b: _speed_json(s) for b, s in kept.items()},
+            "backends": halves_json({b: HalfSpeed.of(s) for b, s in kept.items()}),
             **({"halves": halves_json(halves)} if halves else {}),
             "source": source,
             "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds"),

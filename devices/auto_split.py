@@ -58,7 +58,11 @@ class HalfSpeed:
 
     @staticmethod
     def of(s: Speed) -> HalfSpeed:
-        return HalfSpeed(s.prefill_tok_s, s.prefill_warm_tok_s, s.decode_tok_s)
+        return HalfSpeed(
+            prefill_tok_s=s.prefill_tok_s,
+            prefill_warm_tok_s=s.prefill_warm_tok_s,
+            decode_tok_s=s.decode_tok_s,
+        )
 
     def slowest(self, other: HalfSpeed) -> HalfSpeed:
         """Each figure the lower of the two measurements of it (a half measured twice in one run)."""
@@ -66,10 +70,11 @@ class HalfSpeed:
         def low(a: float | None, b: float | None) -> float | None:
             return b if a is None else a if b is None else min(a, b)
 
-        return HalfSpeed(*(low(getattr(self, f), getattr(other, f)) for f in _FIGURES))
+        return HalfSpeed(**{f: low(getattr(self, f), getattr(other, f)) for f in _FIGURES})
 
 
-def _positive(value: object) -> float | None:
+def positive(value: object) -> float | None:
+    """A stored figure as a float, None where it is missing, not a number, or not above 0."""
     try:
         x = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -85,7 +90,7 @@ def parse_halves(raw: object) -> dict[str, HalfSpeed]:
     for key, figures in raw.items():
         if not isinstance(key, str) or not isinstance(figures, dict):
             continue
-        half = HalfSpeed(*(_positive(figures.get(f)) for f in _FIGURES))
+        half = HalfSpeed(**{f: positive(figures.get(f)) for f in _FIGURES})
         if half.prefill_tok_s is not None or half.decode_tok_s is not None:
             out[key] = half
     return out
