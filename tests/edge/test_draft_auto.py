@@ -96,13 +96,23 @@ def test_cascade_greedy_equals_target_alone(
         draft_dec.close()
 
 
-def test_a_speculative_decoding_needs_a_drafter(files: dict[str, Path], edge_cache: Path) -> None:
+def test_without_a_drafter_speculative_decoding_drafts_nothing(
+    files: dict[str, Path], edge_cache: Path
+) -> None:
+    """No drafter is fast-forward's form (edge/fastforward.py): without a grammar it forces nothing either, so
+    a generation through it is plain decoding, token for token, and reports no draft."""
     target = GraphDecoder(open_gguf(files["target"]), GraphOptions(backend="ort", threads=1, capacity=64))
+    tok = load_tokenizer(open_gguf(files["target"]).metadata)
+    cfg = GenerationConfig(max_tokens=40, ignore_eos=True)
     try:
-        with pytest.raises(ValueError, match="at least one drafter"):
-            SpeculativeDecoding(target, [])
+        plain = Generation(target, tok, [1, 300, 301, 302], cfg)
+        plain.run()
+        none = Generation(target, tok, [1, 300, 301, 302], cfg, decoding=SpeculativeDecoding(target, []))
+        none.run()
     finally:
         target.close()
+    assert none.token_ids == plain.token_ids and len(none.token_ids) == 40
+    assert none.stats.draft is None and none.stats.forced is None
 
 
 # -- real catalog models ---------------------------------------------------------------------------------
