@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from edge.models.catalog import CATALOG
 from edge.models.resolve import resolve_model
@@ -33,6 +37,17 @@ def share_models(private: Path) -> Path:
         if not link.exists():
             os.symlink(shared, link, target_is_directory=True)
     return private
+
+
+@contextmanager
+def private_cache(factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private cache sharing the catalog models (`share_models`), removed when the block ends: graphs of a
+    1.5b model are GBs, and a run that kept every module's would fill a CI disk (it did: ENOSPC mid-run)."""
+    path = share_models(factory.mktemp("edge_cache"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)  # the model links are unlinked, not followed
 
 
 def pull_named_models(args: Iterable[str]) -> None:

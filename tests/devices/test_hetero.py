@@ -16,7 +16,7 @@ from edge.api import load
 from edge.generate import GenerationConfig
 from edge.models.resolve import resolve_model
 from edge.sampling import SamplingConfig
-from tests.shared_cache import share_models
+from tests.shared_cache import private_cache
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,7 @@ def models() -> dict[str, Path]:
 @pytest.fixture(scope="module", autouse=True)
 def plan_cache(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Converted partitions and graphs go to a private cache; the model files stay in the shared one."""
-    path = share_models(tmp_path_factory.mktemp("edge_cache"))
-    with pytest.MonkeyPatch.context() as mp:
+    with private_cache(tmp_path_factory) as path, pytest.MonkeyPatch.context() as mp:
         mp.setenv("EDGE_CACHE_DIR", str(path))
         yield path
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from gguf import GGUFValueType
 
 from edge.models.catalog import DEFAULT_MODEL
 from tests.reliability.ggufs import rewrite_gguf
-from tests.shared_cache import pull_named_models, share_models
+from tests.shared_cache import private_cache, pull_named_models
 from tests.tiny_models import TinySpec, write_tiny_model
 
 INSTALL = 'pip install "edge-llm[llamacpp]"'
@@ -39,9 +40,10 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private cache: no measurement of the user's decides here, graphs stay out of the user's cache."""
-    return share_models(tmp_path_factory.mktemp("edge_cache"))
+    with private_cache(tmp_path_factory) as path:
+        yield path
 
 
 @pytest.fixture(scope="module")

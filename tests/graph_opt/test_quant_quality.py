@@ -4,6 +4,8 @@ scored against the F32 graph by `edge eval` (ORT, fp32 activations: the weights'
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,10 @@ TOKENS = 256
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("quant-quality")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("quant-quality")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)  # GBs of graphs: a CI disk is not ours to fill
 
 
 @pytest.fixture(scope="module")
