@@ -36,6 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, PhaseSplit
+from edge.devices.past_arena import Packed, PastArena
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
 from edge.errors import DeviceError
@@ -126,6 +127,8 @@ class BatchEngine:
         # runs that carried a many-token piece (a prompt chunk, a verify) beside other slots' one-token steps
         self.mixed_steps = 0
         self.prefill_runs = 0  # runs of the prefill half (a phase split's prompt chunks)
+        self._arena = PastArena()  # the decode half's packed past (the prefill half runs one piece alone)
+        self._made = 0  # slots made: each slot's index
         self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
         self._thread.start()
 
@@ -137,7 +140,8 @@ class BatchEngine:
             for _ in range(n):
                 with self._cond:
                     self._open += 1
-                slots.append(SlotDecoder(self))
+                    self._made += 1
+                slots.append(SlotDecoder(self, self._made))
         except BaseException:  # the one that failed and those made: the last release stops the engine
             self.release()
             for s in slots:
@@ -242,7 +246,12 @@ class BatchEngine:
     def _run(self, pieces: list[_Piece], graph: Shared) -> bool:
         """Run `pieces` packed on `graph`; each gets its outputs, or the error (every piece of the run)."""
         try:
-            feeds, splits = pack([p.feeds for p in pieces], graph.cfg.n_layer, staged=graph.staged)
+            past = None
+            if len(pieces) > 1:  # in one order step after step, so the arena keeps its layout
+                pieces.sort(key=lambda p: p.slot.index)
+                caches = [p.slot.cache for p in pieces]
+                past = self._arena.past(caches, [p.feeds for p in pieces], pieces[0].slot.mask_layer)
+            feeds, splits = pack([p.feeds for p in pieces], graph.cfg.n_layer, staged=graph.staged, past=past)
             parts = unpack(graph.run(feeds), splits)
         except BaseException as exc:  # every slot of the run gets it; the engine goes on
             for p in pieces:
@@ -260,10 +269,11 @@ class _Split:
 
 
 def pack(
-    parts: Sequence[dict[str, np.ndarray]], n_layer: int, *, staged: bool
+    parts: Sequence[dict[str, np.ndarray]], n_layer: int, *, staged: bool, past: Packed | None = None
 ) -> tuple[dict[str, np.ndarray], list[_Split]]:
     """One graph's inputs carrying every part's step (each built for its own cache by
-    GraphDecoder.step_feeds), and where each part's rows lie in the outputs."""
+    GraphDecoder.step_feeds), and where each part's rows lie in the outputs. `past`: the parts' pasts packed
+    already (devices/past_arena.py), else they are concatenated here."""
     splits, r0, t0 = [], 0, 0
     for f in parts:
         r, t = int(f["logit_rows"].shape[0]), int(f["positions"].shape[0])
@@ -282,10 +292,14 @@ def pack(
     # the new columns: a staged graph's staging window, else the step's own tokens
     news = [int(f["stage_key_0"].shape[1]) for f in parts] if staged else rows
     for name in (k for k in parts[0] if k.startswith("mask_")):
-        feeds[name] = _block_mask([f[name] for f in parts], rows, news, pad=staged)
+        cols = None if past is None else past.columns[name]
+        feeds[name] = _block_mask([f[name] for f in parts], rows, news, pad=staged, cols=cols)
+    if past is not None:
+        feeds.update(past.feeds)
     for i in range(n_layer):
         for kv in ("key", "value"):
-            feeds[f"past_{kv}_{i}"] = np.concatenate([f[f"past_{kv}_{i}"] for f in parts], axis=1)
+            if past is None:
+                feeds[f"past_{kv}_{i}"] = np.concatenate([f[f"past_{kv}_{i}"] for f in parts], axis=1)
             if staged:
                 feeds[f"stage_{kv}_{i}"] = np.concatenate([f[f"stage_{kv}_{i}"] for f in parts], axis=1)
     if staged:
@@ -300,18 +314,25 @@ def pack(
 
 
 def _block_mask(
-    masks: Sequence[np.ndarray], rows: Sequence[int], news: Sequence[int], *, pad: bool
+    masks: Sequence[np.ndarray],
+    rows: Sequence[int],
+    news: Sequence[int],
+    *,
+    pad: bool,
+    cols: tuple[tuple[int, ...], int] | None = None,
 ) -> np.ndarray:
     """Each part's mask [1, 1, rows (+1 padding row), past + new] placed on the diagonal of (all rows) x
     (all pasts ++ all new columns): a row sees its own sequence only. `pad` (staged): the parts' padding rows
-    are dropped and the whole gets one, all visible (any finite row: the graph drops it)."""
+    are dropped and the whole gets one, all visible (any finite row: the graph drops it). `cols`: where each
+    part's past starts among the past columns, and their width (an arena's regions); else back to back."""
     pasts = [m.shape[-1] - n for m, n in zip(masks, news, strict=True)]
-    big = np.full((1, 1, sum(rows) + pad, sum(pasts) + sum(news)), NEG_INF, np.float32)
-    r, p, w, wbase = 0, 0, 0, sum(pasts)
-    for m, q, b, n in zip(masks, rows, pasts, news, strict=True):
+    starts, width = cols if cols is not None else (tuple(np.cumsum((0, *pasts[:-1]))), sum(pasts))
+    big = np.full((1, 1, sum(rows) + pad, width + sum(news)), NEG_INF, np.float32)
+    r, w = 0, 0
+    for m, q, b, n, p in zip(masks, rows, pasts, news, starts, strict=True):
         big[0, 0, r : r + q, p : p + b] = m[0, 0, :q, :b]
-        big[0, 0, r : r + q, wbase + w : wbase + w + n] = m[0, 0, :q, b:]
-        r, p, w = r + q, p + b, w + n
+        big[0, 0, r : r + q, width + w : width + w + n] = m[0, 0, :q, b:]
+        r, w = r + q, w + n
     if pad:
         big[0, 0, -1] = 0.0
     return big
@@ -330,9 +351,10 @@ def unpack(out: Sequence[np.ndarray], splits: Sequence[_Split]) -> list[list[np.
 class SlotDecoder(RingDecoder):
     """One sequence of a batch: a Decoder with its own ring KV cache whose graph runs the engine packs."""
 
-    def __init__(self, engine: BatchEngine) -> None:
+    def __init__(self, engine: BatchEngine, index: int) -> None:
         base, prefill = engine.base, engine.prefill
         self._engine, self._closed = engine, False
+        self.index = index  # the engine packs its slots in this order
         self.ridden = (0, 0)  # (steps this slot rode in, pieces those steps carried in all)
         self.backend, self.device = base.backend, base.device
         self.staged, self.first_run_costs = base.staged, base.first_run_costs
@@ -352,6 +374,11 @@ class SlotDecoder(RingDecoder):
     @property
     def engine(self) -> BatchEngine:
         return self._engine
+
+    @property
+    def mask_layer(self) -> dict[int, int]:
+        """The graph's mask kinds, each with a layer of it (for the engine's packed past)."""
+        return self._mask_layer
 
     def _step(
         self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True

@@ -194,6 +194,9 @@ class RingKVCache:
         self._undo: deque[_Undo] = deque()
         self._undo_tokens = 0
         self._pending: StepView | None = None
+        # per kind, the lowest slot whose K/V changed since the last take_written() (0: any may have): what a
+        # copy of this cache kept elsewhere must refresh (devices/past_arena.py)
+        self._written = [0] * len(self._kinds)
 
     # --- geometry and state -------------------------------------------------------------------------------
 
@@ -389,6 +392,7 @@ class RingKVCache:
                     body[:, dst] = np.stack([new[i][0, :n] for i in g.layers])
         for sp, s in zip(self._slot_pos, slots, strict=True):
             sp[s] = pos
+        self._wrote(slots)
         self._position += n
         self._high = max(self._high, self._position)
         if t:
@@ -419,6 +423,7 @@ class RingKVCache:
             for g, old_k, old_v in zip(self._groups, part.old_k, part.old_v, strict=True):
                 g.k[:, 0][:, idxs[g.kind]] = old_k
                 g.v[:, 0][:, idxs[g.kind]] = old_v
+            self._wrote(part.slots)
             if j == undo.n:
                 self._undo.pop()
             else:
@@ -453,6 +458,7 @@ class RingKVCache:
             g.v[:, 0][:, freed] = 0
         for sp in self._slot_pos:
             sp[sp >= keep] = -1
+        self._written = [0] * len(self._kinds)
         self._position = keep
         self._pending = None
         self._fresh_undo()
@@ -474,6 +480,7 @@ class RingKVCache:
             mine.v[:, :, :n] = theirs.v[:, :, :n]
         for sp in self._slot_pos:
             sp[:n] = np.arange(n)
+        self._written = [0] * len(self._kinds)
         self._position = self._high = n
         self._fresh_undo()
 
@@ -500,11 +507,19 @@ class RingKVCache:
             g.v.fill(0)
         for sp in self._slot_pos:
             sp.fill(-1)
+        self._written = [0] * len(self._kinds)
         self._position = 0
         self._high = 0
         self._undo.clear()
         self._undo_tokens = 0
         self._pending = None
+
+    def take_written(self) -> tuple[int, ...]:
+        """Per kind, the lowest slot whose K/V changed since the last call (the capacity: none), and start
+        anew: a copy of slots [0, L) made at the last call is exact below that slot."""
+        taken = tuple(self._written)
+        self._written = [k.capacity for k in self._kinds]
+        return taken
 
     def __repr__(self) -> str:
         kinds = "; ".join(f"{self._layer_kind.count(i)}x {k.describe()}" for i, k in enumerate(self._kinds))
@@ -519,6 +534,11 @@ class RingKVCache:
     @staticmethod
     def _slots(kind: LayerKind, pos: np.ndarray) -> np.ndarray:
         return np.where(pos < kind.sink, pos, kind.sink + (pos - kind.sink) % kind.ring)
+
+    def _wrote(self, slots: Sequence[np.ndarray]) -> None:
+        for ki, s in enumerate(slots):
+            if len(s):
+                self._written[ki] = min(self._written[ki], int(s.min()))
 
     def _primary(self) -> int:
         bounded = [i for i, k in enumerate(self._kinds) if not k.lossless]
