@@ -6,7 +6,8 @@ pieces exactly as the graph decoder does (RingDecoder.forward), builds each piec
 cache, and hands them to the engine. The engine's thread packs the pieces waiting from all slots into one run:
 
     tokens     concatenated (hidden, positions): RoPE takes each token's own position
-    past K/V   each slot's bound ring prefix, concatenated along the slot axis (a copy; none for one slot)
+    past K/V   each slot's bound ring prefix, in a region of the engine's packed past (devices/past_arena.py:
+               kept between steps, refreshed where a ring wrote; none for one slot)
     masks      block-diagonal: a slot's rows see its own past and its own new tokens, never another slot's
     staged     each slot's staging window concatenated, stage_index shifted, one padding row at the end
 
@@ -15,8 +16,9 @@ bound by reading the weights, so a run carrying one new token of each of 4 seque
 
 Over a phase split (devices/phase_split.py) the engine holds both halves: a slot's forward of more than the
 split's threshold (a prompt) is built for the prefill half's graph and runs there alone, in the same step as
-the other slots' decode rows packed on the decode half's graph. Prompts are compute-bound and do not gain from
-packing; they gain from the faster prompt graph, which also shortens the steps the decode rows wait through.
+the other slots' decode rows packed on the decode half's graph (run first, and answered before the prompt
+chunk runs: their tokens stream meanwhile). Prompts are compute-bound and do not gain from packing; they gain
+from the faster prompt graph, which also shortens the steps the decode rows wait through.
 
 Who joins a step: every slot whose piece is waiting. After a step the engine waits up to `linger` for the
 slots that were in it (each samples its next token meanwhile), so steady decoding stays in one batch instead
@@ -230,17 +232,19 @@ class BatchEngine:
         (alone). `steps`, `pieces` and `mean_batch` count the packed runs; `prefill_runs` the others."""
         short = [p for p in batch if not p.long]
         long = [p for p in batch if p.long]
+        self.mixed_steps += len({p.n > 1 for p in batch}) == 2
         if short and self._run(short, self.base):
             self.steps += 1
             self.pieces += len(short)
             self.tokens += sum(p.n for p in short)
+        for p in short:  # their tokens stream, and their next pieces are made, while the prompt chunk runs
+            p.done.set()
         if long:
             assert self.prefill is not None  # slots build long pieces only for an engine with a prefill half
             if self._run(long, self.prefill):
                 self.prefill_runs += 1
                 self.tokens += sum(p.n for p in long)
-        self.mixed_steps += len({p.n > 1 for p in batch}) == 2
-        for p in batch:
+        for p in long:
             p.done.set()
 
     def _run(self, pieces: list[_Piece], graph: Shared) -> bool:
