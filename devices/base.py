@@ -133,6 +133,10 @@ class BatchSlot(Protocol):
     """One sequence of a batch (a `Batching` slot): the steps it rode in and its engine's totals."""
 
     ridden: tuple[int, int]  # (steps this slot rode in, pieces those steps carried in all)
+    # The shared graph is batch-invariant: a slot's k-token forward gives the rows its one-token forwards
+    # give beside the same other slots. Greedy drafts then change a slot's output only where batching itself
+    # does (the other slots' columns change the attention's summation order), so `--draft auto` drafts them.
+    rows_invariant: bool
 
     @property
     def engine(self) -> BatchStats: ...

@@ -78,6 +78,8 @@ class Shared(Protocol):
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
 
+    def capabilities(self) -> Capabilities: ...
+
     def close(self) -> None: ...
 
 
@@ -367,6 +369,7 @@ class SlotDecoder(RingDecoder):
             self.device = "+".join(dict.fromkeys((prefill.device, base.device)))
             self.first_run_costs = base.first_run_costs or prefill.first_run_costs
         self._long = False  # the forward being run is a prompt for the prefill half
+        self.rows_invariant = base.capabilities().batch_invariant  # BatchSlot (decode rows run on base)
         self._init_ring_of(base.cfg, base.options)
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:

@@ -109,8 +109,16 @@ def open_speculative(
 def drafts_greedy(draft: str | None, precision: str | None, target: Decoder) -> bool:
     """Whether greedy generations draft: always for a drafter asked for by name; for auto only where drafting
     cannot change them: a batch-invariant target (ORT's staged graph at --precision fast: a verify's rows equal
-    one-token decoding bit for bit) or --precision exact (fp32: near-ties within ~1e-4 logits; docs/performance.md)."""
-    return draft != "auto" or precision == "exact" or target.capabilities().batch_invariant
+    one-token decoding bit for bit) or --precision exact (fp32: near-ties within ~1e-4 logits; docs/performance.md),
+    or where it changes them no more than batching already does (a slot of a batch-invariant graph: BatchSlot)."""
+    caps = target.capabilities()
+    slot = caps.batch_slot
+    return (
+        draft != "auto"
+        or precision == "exact"
+        or caps.batch_invariant
+        or (slot is not None and slot.rows_invariant)
+    )
 
 
 def greedy_guarantee(backend: str, precision: str | None, batch_invariant: bool = False) -> str:

@@ -271,6 +271,40 @@ def test_auto_drafts_greedy_generations_only_where_they_cannot_change(
         assert m.generate(prompt, greedy, raw=True).stats.draft is not None
 
 
+def test_slots_of_an_invariant_graph_draft_greedy_generations(
+    files: dict[str, Path], edge_cache: Path
+) -> None:
+    """Slots (`--parallel`) of ORT's staged graph at --precision fast draft greedy generations under auto: a
+    slot's verify rows equal its one-token rows beside the same other slots, so drafting changes its output only
+    where batching already does. One slot generating while the others idle runs alone: its drafted output
+    equals the undrafted one. Slots of OpenVINO at fast (int8 rows not invariant) do not draft greedy ones."""
+    from edge.api import load
+
+    prompt = "a b c a b c a b c a b"
+    greedy = GenerationConfig(max_tokens=24, ignore_eos=True)
+    opts = dict(n_ctx=128, n_threads=1, precision="fast")
+    with load(str(files["target"]), backend="ort", draft="none", **opts) as m:
+        alone = m.generate(prompt, greedy, raw=True).token_ids
+    slots = load(str(files["target"]), backend="ort", **opts).slots(2)
+    try:
+        caps = slots[0].decoder.capabilities()
+        assert not caps.batch_invariant and caps.batch_slot is not None and caps.batch_slot.rows_invariant
+        assert slots[0].speculative is not None and slots[0].speculative.greedy
+        gen = slots[0].generate(prompt, greedy, raw=True)
+        assert gen.stats.draft is not None and gen.stats.draft.drafted > 0
+        assert gen.token_ids == alone
+    finally:
+        for s in slots:
+            s.close()
+    slots = load(str(files["target"]), backend="openvino", **opts).slots(2)
+    try:
+        assert slots[0].speculative is not None and not slots[0].speculative.greedy
+        assert slots[0].generate(prompt, greedy, raw=True).stats.draft is None
+    finally:
+        for s in slots:
+            s.close()
+
+
 def test_a_draft_model_session_does_not_spin(
     files: dict[str, Path], tokenizer: Tokenizer, edge_cache: Path
 ) -> None:
