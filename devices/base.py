@@ -147,10 +147,10 @@ class PrefixCopy(Protocol):
     prompt, a conversation that moved to another slot)."""
 
     def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:
-        """Hold `other`'s first tokens, copied (this KV is emptied first): `count()`, called while neither KV
-        can move (`other` may be generating: it waits for the copy), says how many. Returns how many were
-        copied: 0, nothing changed, where `other` is no sibling or its KV no longer holds them in place (a
-        wrapped ring)."""
+        """Hold `other`'s first tokens, copied (this KV is replaced): `count()`, called while this KV cannot
+        move, says how many (`other` may be generating meanwhile: it is not waited for, and what it holds may
+        grow). Returns how many were copied: 0, nothing changed, where `other` is no sibling, its KV no longer
+        holds them in place (a wrapped ring), or it moved otherwise than by appending during the copy."""
         ...
 
 

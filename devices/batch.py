@@ -24,7 +24,9 @@ Who joins a step: every slot whose piece is waiting. After a step the engine wai
 slots that were in it (each samples its next token meanwhile), so steady decoding stays in one batch instead
 of splitting into alternating halves; a slot that does not come back (its generation ended) stops being
 waited for. At most one prompt chunk (a piece of more than WINDOW tokens) rides in a step, with every decode
-row: a long prompt delays the others' next tokens by one chunk's time at most, and is not starved.
+row, and none in a step that carries a forward's later piece (a drafted verify cut at a window end, which
+would otherwise wait a chunk per piece), though never twice in a row: a long prompt delays the others' next
+tokens by about one chunk's time, and is not starved.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -42,12 +44,12 @@ from edge.devices.past_arena import Packed, PastArena
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
 from edge.errors import DeviceError
-from edge.kvcache import StepView
+from edge.kvcache import RollbackError, StepView
 from edge.kvcache.ring import NEG_INF
 from edge.kvcache.staging import WINDOW
 from edge.models.arch import ArchConfig
 
-__all__ = ["BatchEngine", "SlotDecoder", "pack"]
+__all__ = ["BatchEngine", "SlotDecoder", "pack", "select"]
 
 LINGER_S = 0.01  # how long a step waits for the slots of the last one (a sampling step takes ~1-5 ms)
 
@@ -90,6 +92,7 @@ class _Piece:
     slot: SlotDecoder
     feeds: dict[str, np.ndarray]
     long: bool = False  # built for the prefill half's graph (a phase split's prompt), run there alone
+    later: bool = False  # not the first piece of its forward (a verify cut at a staging window's end)
     done: threading.Event = field(default_factory=threading.Event)
     out: list[np.ndarray] | None = None
     batch: int = 0  # the pieces of the step it rode in
@@ -98,6 +101,11 @@ class _Piece:
     @property
     def n(self) -> int:
         return int(self.feeds["positions"].shape[0])
+
+    @property
+    def chunk(self) -> bool:
+        """A prompt chunk (at most one rides in a step)."""
+        return self.long or self.n > WINDOW
 
 
 class BatchEngine:
@@ -132,6 +140,9 @@ class BatchEngine:
         self.mixed_steps = 0
         self.prefill_runs = 0  # runs of the prefill half (a phase split's prompt chunks)
         self._arena = PastArena()  # the decode half's packed past (the prefill half runs one piece alone)
+        self._chunk_waited = (
+            False  # the last step left a waiting prompt chunk out (for a forward's later piece)
+        )
         self._made = 0  # slots made: each slot's index
         self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
         self._thread.start()
@@ -218,13 +229,7 @@ class BatchEngine:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch, chunked = [], False
-            for p in self._waiting:  # FIFO; one prompt chunk a step
-                if p.long or p.n > WINDOW:
-                    if chunked:
-                        continue
-                    chunked = True
-                batch.append(p)
+            batch, self._chunk_waited = select(self._waiting, self._chunk_waited)
             self._waiting = [p for p in self._waiting if p not in batch]
             self._expected = {id(p.slot) for p in batch}
             return batch
@@ -266,6 +271,32 @@ class BatchEngine:
         for p, o in zip(pieces, parts, strict=True):
             p.out, p.batch = o, len(pieces)
         return True
+
+
+class _Waiting(Protocol):
+    chunk: bool
+    later: bool
+
+
+W = TypeVar("W", bound=_Waiting)
+
+
+def select(waiting: Sequence[W], chunk_waited: bool) -> tuple[list[W], bool]:
+    """The pieces of the next step, in arrival order, and whether a prompt chunk was left waiting for a
+    forward's later piece (the next call's `chunk_waited`). One prompt chunk a step; none in a step that
+    carries a forward's later piece (a drafted verify cut at a window end would otherwise wait one chunk per
+    piece), but never twice in a row, so the prompt is not starved."""
+    later = any(p.later and not p.chunk for p in waiting)
+    chunked = later and not chunk_waited
+    left = chunked and any(p.chunk for p in waiting)
+    batch = []
+    for p in waiting:
+        if p.chunk:
+            if chunked:
+                continue
+            chunked = True
+        batch.append(p)
+    return batch, left
 
 
 @dataclass(frozen=True)
@@ -369,6 +400,7 @@ class SlotDecoder(RingDecoder):
             self.device = "+".join(dict.fromkeys((prefill.device, base.device)))
             self.first_run_costs = base.first_run_costs or prefill.first_run_costs
         self._long = False  # the forward being run is a prompt for the prefill half
+        self._pieces = 0
         self.rows_invariant = base.capabilities().batch_invariant  # BatchSlot (decode rows run on base)
         self._init_ring_of(base.cfg, base.options)
 
@@ -376,6 +408,7 @@ class SlotDecoder(RingDecoder):
         # NOTE: the whole forward's length picks the half (as PhaseSplitDecoder): a prompt's last chunk stays
         phases = self._engine.phases
         self._long = phases is not None and len(tokens) > phases.threshold
+        self._pieces = 0  # of this forward, run so far
         return super().forward(tokens, last_only=last_only)
 
     @property
@@ -398,7 +431,8 @@ class SlotDecoder(RingDecoder):
         engine = self._engine
         graph = engine.prefill if self._long and engine.prefill is not None else engine.base
         feeds = graph.step_feeds(self, view, ids, last_only, window=window, score=score)
-        piece = _Piece(self, feeds, long=graph is not engine.base)
+        piece = _Piece(self, feeds, long=graph is not engine.base, later=self._pieces > 0)
+        self._pieces += 1
         try:
             out = self._engine.run(piece)
         except DeviceError as exc:  # the packed run failed: said from this slot's KV, not the shared graph's
@@ -425,23 +459,31 @@ class SlotDecoder(RingDecoder):
         )
 
     def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:
-        """`PrefixCopy`: a sibling slot's first tokens, copied (same graph, same KV geometry). Under both
-        locks neither slot steps; a generating one's positions below its held ids stay as they are (it writes
-        beyond them, and rolls back only what it wrote)."""
+        """`PrefixCopy`: a sibling slot's first tokens, copied (same graph, same KV geometry). Only this slot's
+        lock is held: a generating sibling is not waited for (its forward may be riding in a long prompt
+        chunk's step: a new request's first token waited that step out, then its own). While it runs, the
+        sibling appends beyond what it holds (and rolls back what it drafted); the copy goes to a fresh cache,
+        kept only if nothing changed the sibling's copied positions meanwhile (RingKVCache.moved_below: no
+        rollback, truncation or reset reaching them; no wrap)."""
         if not isinstance(other, SlotDecoder) or other is self or other._engine is not self._engine:
             return 0
-        first, second = sorted((self, other), key=id)  # one lock order: two slots copying both ways
-        with first._lock, second._lock:
+        with self._lock:
             src = other.cache
+            epoch = src.epoch
             n = min(count(), src.position)
             if n <= 0 or src.truncate_limit != src.position:
                 return 0  # nothing changed
-            if self.cache.sink != src.sink:
-                # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely
-                # asks for the same (one system prompt); set_sink would take the lock held here
-                self.cache = self._new_cache(src.sink)
-                self._set_chunk()
-            self.cache.copy_prefix(src, n)
+            # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely asks
+            # for the same (one system prompt)
+            fresh = self._new_cache(src.sink)
+            try:
+                fresh.copy_prefix(src, n)
+            except RollbackError:  # it wrapped or fell back since the checks: this slot keeps its own KV
+                return 0
+            if src.moved_below(n, epoch) or src.truncate_limit != src.position:
+                return 0
+            self.cache = fresh
+            self._set_chunk()
         return n
 
     def close(self) -> None:

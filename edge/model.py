@@ -753,7 +753,8 @@ class Model:
         taken: list[int] = []
 
         def count() -> int:
-            # NOTE: read with both KVs still: what a generating slot holds (its prompt so far) stays in place
+            # NOTE: read with this KV still; a generating sibling's prompt so far stays in place (it appends,
+            # and the copy is voided where its KV moved otherwise meanwhile: SlotDecoder.copy_prefix_from)
             held = other.session.holding()
             n = min(common_prefix(held, ids), len(ids) - 2)  # prepare feeds the last two again
             if n <= common_prefix(self.session.held, ids):

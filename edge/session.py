@@ -75,7 +75,8 @@ class KVSession:
     def holding(self) -> list[int]:
         """The ids the KV holds in place now, generation or not: between prepare and settle, the prompt's ids
         fed so far (the generated ones are not known here), else `held`. Read from another thread it may be
-        out of date by a step; `PrefixCopy` reads it with the decoder still."""
+        out of date by a step; `PrefixCopy` copies no more than the decoder holds, and voids a copy the
+        decoder moved under otherwise than by appending."""
         feeding = self._feeding
         if feeding is None:
             return list(self._held)

@@ -197,6 +197,11 @@ class RingKVCache:
         # per kind, the lowest slot whose K/V changed since the last take_written() (0: any may have): what a
         # copy of this cache kept elsewhere must refresh (devices/past_arena.py)
         self._written = [0] * len(self._kinds)
+        # counts what changes slots below `position` (rollback, truncate, copy_prefix, reset), with the lowest
+        # position each change reached: a reader that did not hold the cache still (a sibling slot copying its
+        # prefix) sees whether what it read moved (`moved_below`)
+        self.epoch = 0
+        self._moves: deque[tuple[int, int]] = deque(maxlen=64)  # (epoch, lowest position changed)
 
     # --- geometry and state -------------------------------------------------------------------------------
 
@@ -412,6 +417,7 @@ class RingKVCache:
                 f"(max_rollback={self._max_rollback}); reset() and prefill again, or raise max_rollback"
             )
         self._pending = None
+        self._moved(self._position - k)
         left = k
         while left:
             undo = self._undo[-1]
@@ -452,6 +458,7 @@ class RingKVCache:
                 f"{self._undo_tokens}; reset() and prefill again"
             )
         keep = self._position - k
+        self._moved(keep)
         for g in self._groups:
             freed = self._slot_pos[g.kind] >= keep
             g.k[:, 0][:, freed] = 0
@@ -474,7 +481,7 @@ class RingKVCache:
                 f"cannot copy {n} tokens from a cache at {src.position} that "
                 f"{'has wrapped' if src.truncate_limit != src.position else 'holds fewer'}"
             )
-        self.reset()
+        self.reset()  # the epoch moves there
         for mine, theirs in zip(self._groups, src._groups, strict=True):
             mine.k[:, :, :n] = theirs.k[:, :, :n]
             mine.v[:, :, :n] = theirs.v[:, :, :n]
@@ -502,6 +509,7 @@ class RingKVCache:
 
     def reset(self) -> None:
         """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""
+        self._moved(0)
         for g in self._groups:
             g.k.fill(0)
             g.v.fill(0)
@@ -513,6 +521,20 @@ class RingKVCache:
         self._undo.clear()
         self._undo_tokens = 0
         self._pending = None
+
+    def moved_below(self, n: int, since: int) -> bool:
+        """Whether a change after epoch `since` (read earlier, maybe from another thread) reached a position
+        below n: what positions [0, n) held then may be gone (appending never counts)."""
+        if self.epoch == since:
+            return False
+        moves = tuple(self._moves)  # one C call: safe beside the owner's thread appending
+        if not moves or moves[0][0] > since + 1:
+            return True  # the log no longer reaches back that far
+        return any(e > since and low < n for e, low in moves)
+
+    def _moved(self, low: int) -> None:
+        self.epoch += 1
+        self._moves.append((self.epoch, low))
 
     def take_written(self) -> tuple[int, ...]:
         """Per kind, the lowest slot whose K/V changed since the last call (the capacity: none), and start

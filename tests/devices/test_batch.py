@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from edge.devices.base import Decoder
-from edge.devices.batch import BatchEngine
+from edge.devices.batch import BatchEngine, select
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.phase_split import PhaseSplitDecoder
 from edge.errors import ContextOverflowError, DeviceError
+from edge.kvcache import RingKVCache
 from edge.kvcache.staging import WINDOW
 from edge.models.gguf_file import open_gguf
 from tests.tiny_models import TinySpec, write_tiny_model
@@ -260,6 +261,50 @@ def test_a_slot_takes_a_siblings_prefix_and_goes_on_as_alone(files: dict[str, Pa
     b.close()
 
 
+def test_a_prefix_copy_does_not_wait_for_a_busy_sibling_and_voids_a_moved_one(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sibling in the middle of a forward (its lock held, as while its step rides with a long prompt chunk)
+    is not waited for; a sibling whose copied positions changed while they were copied (a rollback reaching
+    them, a reset) voids the copy, and the copying slot keeps what it held; a rollback of its tail does not."""
+    gg = open_gguf(files["llama-q4_1"])
+    base = GraphDecoder(gg, _options("ort", True, 256))
+    a, b = base.capabilities().batching.slots(2)  # type: ignore[union-attr]
+    head = _prompt(40, 13)
+    a.forward(head)
+    b.forward(head[:5])
+    copy = b.capabilities().prefix_copy
+    assert copy is not None
+    with a._lock:  # type: ignore[attr-defined]  # a forward of a's under way: the copy does not block
+        done: list[int] = []
+        t = threading.Thread(target=lambda: done.append(copy.copy_prefix_from(a, lambda: 30)))
+        t.start()
+        t.join(5)
+        assert done == [30] and b.position == 30
+    b.forward(head[30:35])
+
+    def moving(change: Callable[[], None]) -> None:
+        """a's KV changes while its prefix is being copied."""
+        copy_prefix = RingKVCache.copy_prefix
+
+        def copying(self: RingKVCache, src: RingKVCache, n: int) -> None:
+            copy_prefix(self, src, n)
+            change()
+
+        monkeypatch.setattr(RingKVCache, "copy_prefix", copying)
+
+    a.forward([5, 6])  # at 42: a tail rollback (a rejected draft) leaves the copied positions alone
+    moving(lambda: a.rollback(1))
+    assert copy.copy_prefix_from(a, lambda: 38) == 38 and b.position == 38
+    b.forward([7])
+    for change in (lambda: a.rollback(25), a.reset):  # a rollback to 16, a reset: b keeps its own 39
+        moving(change)
+        assert copy.copy_prefix_from(a, lambda: 30) == 0 and b.position == 39
+        a.forward(head)
+    a.close()
+    b.close()
+
+
 def test_slots_that_do_not_fit_are_refused_before_any_is_made(
     files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,3 +326,30 @@ def test_slots_that_do_not_fit_are_refused_before_any_is_made(
     slots = base.capabilities().batching.slots(3)  # type: ignore[union-attr]  # 2 more: they fit
     for s in slots:
         s.close()
+
+
+class _P:
+    def __init__(self, name: str, chunk: bool = False, later: bool = False) -> None:
+        self.name, self.chunk, self.later = name, chunk, later
+
+
+def _names(pieces: Sequence[_P]) -> list[str]:
+    return [p.name for p in pieces]
+
+
+def test_a_step_takes_one_prompt_chunk_and_none_beside_a_forwards_later_piece() -> None:
+    """One chunk a step, with every decode row; a forward's later piece (a verify cut at a window end) runs
+    without one, so a drafted round waits one chunk, not one per piece; the chunk waits one step at most."""
+    rows = [_P("a"), _P("b")]
+    two_chunks = [_P("c1", chunk=True), *rows, _P("c2", chunk=True)]
+    assert _names(select(two_chunks, False)[0]) == ["c1", "a", "b"]
+    later = [_P("c", chunk=True), _P("a2", later=True), _P("b")]
+    batch, waited = select(later, False)
+    assert _names(batch) == ["a2", "b"] and waited
+    batch, waited = select(later, waited)  # not twice in a row: the prompt is never starved
+    assert _names(batch) == ["c", "a2", "b"] and not waited
+    # a prompt's later chunks are chunks, not later pieces: they hold nothing back
+    batch, waited = select([_P("c2", chunk=True, later=True), _P("a")], False)
+    assert _names(batch) == ["c2", "a"] and not waited
+    batch, waited = select([_P("a2", later=True)], False)
+    assert _names(batch) == ["a2"] and not waited  # no chunk waiting: none was left out

@@ -764,3 +764,27 @@ CacheMachine.TestCase.settings = settings(
     max_examples=120, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_cache_machine = CacheMachine.TestCase
+
+
+def test_moved_below_says_which_changes_reached_the_positions_read() -> None:
+    """What a reader that did not hold the cache still (a sibling slot copying a prefix) learns: appends never
+    count; a rollback counts below where it rolled back to; a reset counts everywhere; a log that no longer
+    reaches back to the reader's epoch counts as moved."""
+    cache = RingKVCache([LayerSpec(n_kv_heads=2, head_dim=4, capacity=256)], max_rollback=4)
+    feed(cache, 40)
+    since = cache.epoch
+    feed(cache, 3)
+    assert not cache.moved_below(40, since)
+    cache.rollback(2)  # back to 41
+    assert not cache.moved_below(41, since) and cache.moved_below(42, since)
+    since = cache.epoch
+    cache.truncate(30)  # to 11, past the undo log: the freed slots are zeroed
+    assert cache.moved_below(12, since) and not cache.moved_below(11, since)
+    since = cache.epoch
+    cache.reset()
+    assert cache.moved_below(1, since)
+    since = cache.epoch
+    for _ in range(70):  # more changes than the log keeps
+        feed(cache, 1)
+        cache.rollback(1)
+    assert cache.moved_below(0, since)
