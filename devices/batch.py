@@ -24,9 +24,11 @@ Who joins a step: every slot whose piece is waiting. After a step the engine wai
 slots that were in it (each samples its next token meanwhile), so steady decoding stays in one batch instead
 of splitting into alternating halves; a slot that does not come back (its generation ended) stops being
 waited for. At most one prompt chunk (a piece of more than WINDOW tokens) rides in a step, with every decode
-row, and none in a step that carries a forward's later piece (a drafted verify cut at a window end, which
-would otherwise wait a chunk per piece), though never twice in a row: a long prompt delays the others' next
-tokens by about one chunk's time, and is not starved.
+row. While other pieces wait, none rides in the step right after a chunk's, nor, for two steps more, while
+an urgent piece waits (a new request's short prompt, or the rest of a forward cut at a staging window's end,
+such as a drafted verify): a piece that came in during a chunk's step waits that step out and no other chunk,
+so a long prompt delays the others' next tokens by about one chunk's time, and still runs at least every
+fourth step (every other one while the others only decode).
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class _Piece:
     slot: SlotDecoder
     feeds: dict[str, np.ndarray]
     long: bool = False  # built for the prefill half's graph (a phase split's prompt), run there alone
-    later: bool = False  # not the first piece of its forward (a verify cut at a staging window's end)
+    urgent: bool = False  # a short prompt's piece, or not the first piece of its forward (select)
     done: threading.Event = field(default_factory=threading.Event)
     out: list[np.ndarray] | None = None
     batch: int = 0  # the pieces of the step it rode in
@@ -140,9 +142,7 @@ class BatchEngine:
         self.mixed_steps = 0
         self.prefill_runs = 0  # runs of the prefill half (a phase split's prompt chunks)
         self._arena = PastArena()  # the decode half's packed past (the prefill half runs one piece alone)
-        self._chunk_waited = (
-            False  # the last step left a waiting prompt chunk out (for a forward's later piece)
-        )
+        self._rested = 3  # steps without a prompt chunk since the last one that carried one
         self._made = 0  # slots made: each slot's index
         self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
         self._thread.start()
@@ -229,7 +229,7 @@ class BatchEngine:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            batch, self._chunk_waited = select(self._waiting, self._chunk_waited)
+            batch, self._rested = select(self._waiting, self._rested)
             self._waiting = [p for p in self._waiting if p not in batch]
             self._expected = {id(p.slot) for p in batch}
             return batch
@@ -275,28 +275,27 @@ class BatchEngine:
 
 class _Waiting(Protocol):
     chunk: bool
-    later: bool
+    urgent: bool
 
 
 W = TypeVar("W", bound=_Waiting)
 
 
-def select(waiting: Sequence[W], chunk_waited: bool) -> tuple[list[W], bool]:
-    """The pieces of the next step, in arrival order, and whether a prompt chunk was left waiting for a
-    forward's later piece (the next call's `chunk_waited`). One prompt chunk a step; none in a step that
-    carries a forward's later piece (a drafted verify cut at a window end would otherwise wait one chunk per
-    piece), but never twice in a row, so the prompt is not starved."""
-    later = any(p.later and not p.chunk for p in waiting)
-    chunked = later and not chunk_waited
-    left = chunked and any(p.chunk for p in waiting)
-    batch = []
+def select(waiting: Sequence[W], rested: int) -> tuple[list[W], int]:
+    """The pieces of the next step, in arrival order, and the next call's `rested` (steps without a prompt
+    chunk since the last one that carried one). One chunk a step; while other pieces wait, none right after a
+    chunk's step, nor for two steps more while an urgent piece waits (see the module docstring)."""
+    others = [p for p in waiting if not p.chunk]
+    urgent = any(p.urgent for p in others)
+    allowed = not others or rested >= 3 or (rested >= 1 and not urgent)
+    batch, took = [], False
     for p in waiting:
         if p.chunk:
-            if chunked:
+            if took or not allowed:
                 continue
-            chunked = True
+            took = True
         batch.append(p)
-    return batch, left
+    return batch, 0 if took else rested + 1
 
 
 @dataclass(frozen=True)
@@ -400,7 +399,7 @@ class SlotDecoder(RingDecoder):
             self.device = "+".join(dict.fromkeys((prefill.device, base.device)))
             self.first_run_costs = base.first_run_costs or prefill.first_run_costs
         self._long = False  # the forward being run is a prompt for the prefill half
-        self._pieces = 0
+        self._pieces = 0  # of the forward being run, handed to the engine so far
         self.rows_invariant = base.capabilities().batch_invariant  # BatchSlot (decode rows run on base)
         self._init_ring_of(base.cfg, base.options)
 
@@ -408,7 +407,7 @@ class SlotDecoder(RingDecoder):
         # NOTE: the whole forward's length picks the half (as PhaseSplitDecoder): a prompt's last chunk stays
         phases = self._engine.phases
         self._long = phases is not None and len(tokens) > phases.threshold
-        self._pieces = 0  # of this forward, run so far
+        self._pieces = 0
         return super().forward(tokens, last_only=last_only)
 
     @property
@@ -431,7 +430,9 @@ class SlotDecoder(RingDecoder):
         engine = self._engine
         graph = engine.prefill if self._long and engine.prefill is not None else engine.base
         feeds = graph.step_feeds(self, view, ids, last_only, window=window, score=score)
-        piece = _Piece(self, feeds, long=graph is not engine.base, later=self._pieces > 0)
+        # urgent: a request's first token waits on its prompt's pieces; a cut forward's rest, on its first one
+        urgent = self._pieces > 0 or (last_only and len(ids) > 1)
+        piece = _Piece(self, feeds, long=graph is not engine.base, urgent=urgent)
         self._pieces += 1
         try:
             out = self._engine.run(piece)

@@ -329,27 +329,36 @@ def test_slots_that_do_not_fit_are_refused_before_any_is_made(
 
 
 class _P:
-    def __init__(self, name: str, chunk: bool = False, later: bool = False) -> None:
-        self.name, self.chunk, self.later = name, chunk, later
+    def __init__(self, name: str, chunk: bool = False, urgent: bool = False) -> None:
+        self.name, self.chunk, self.urgent = name, chunk, urgent
 
 
 def _names(pieces: Sequence[_P]) -> list[str]:
     return [p.name for p in pieces]
 
 
-def test_a_step_takes_one_prompt_chunk_and_none_beside_a_forwards_later_piece() -> None:
-    """One chunk a step, with every decode row; a forward's later piece (a verify cut at a window end) runs
-    without one, so a drafted round waits one chunk, not one per piece; the chunk waits one step at most."""
+def test_a_prompt_chunk_leaves_the_next_steps_to_the_others() -> None:
+    """One chunk a step, with every decode row. While other pieces wait: none right after a chunk's step, so a
+    piece that came in during it waits that step out and no other chunk; none for two steps more while an
+    urgent piece waits (a new request's short prompt, the rest of a cut forward); then one again, so the long
+    prompt runs at least every fourth step, every other one beside decode rows only. With nothing else
+    waiting, the chunks run back to back."""
     rows = [_P("a"), _P("b")]
-    two_chunks = [_P("c1", chunk=True), *rows, _P("c2", chunk=True)]
-    assert _names(select(two_chunks, False)[0]) == ["c1", "a", "b"]
-    later = [_P("c", chunk=True), _P("a2", later=True), _P("b")]
-    batch, waited = select(later, False)
-    assert _names(batch) == ["a2", "b"] and waited
-    batch, waited = select(later, waited)  # not twice in a row: the prompt is never starved
-    assert _names(batch) == ["c", "a2", "b"] and not waited
-    # a prompt's later chunks are chunks, not later pieces: they hold nothing back
-    batch, waited = select([_P("c2", chunk=True, later=True), _P("a")], False)
-    assert _names(batch) == ["c2", "a"] and not waited
-    batch, waited = select([_P("a2", later=True)], False)
-    assert _names(batch) == ["a2"] and not waited  # no chunk waiting: none was left out
+    c1, c2 = _P("c1", chunk=True), _P("c2", chunk=True)
+    batch, rested = select([c1, *rows, c2], 3)
+    assert _names(batch) == ["c1", "a", "b"] and rested == 0
+    batch, rested = select([*rows, c2], rested)
+    assert _names(batch) == ["a", "b"] and rested == 1
+    batch, rested = select([c2, *rows], rested)  # decode rows only: every other step
+    assert _names(batch) == ["c2", "a", "b"] and rested == 0
+    batch, rested = select([c2, *rows], rested)
+    batch, rested = select([c2, *rows, _P("p1", urgent=True)], rested)  # a new request's prompt
+    assert _names(batch) == ["a", "b", "p1"] and rested == 2
+    batch, rested = select([c2, *rows, _P("p2", urgent=True)], rested)  # its second piece
+    assert _names(batch) == ["a", "b", "p2"] and rested == 3
+    batch, rested = select([c2, *rows, _P("v", urgent=True)], rested)  # not a fourth time
+    assert _names(batch) == ["c2", "a", "b", "v"] and rested == 0
+    batch, rested = select([c2], rested)  # nothing else waits: no step is spent without it
+    assert _names(batch) == ["c2"] and rested == 0
+    batch, rested = select([_P("c3", chunk=True), *rows], 1)  # another prompt's chunk rides as any chunk
+    assert _names(batch) == ["c3", "a", "b"] and rested == 0
