@@ -53,6 +53,7 @@ from edge.models.arch import ArchConfig
 
 __all__ = ["BatchEngine", "SlotDecoder", "pack", "select"]
 
+COPY_TRIES = 3  # prefix copies a sibling's moving KV voided before this slot prefills the prompt itself
 LINGER_S = 0.01  # how long a step waits for the slots of the last one (a sampling step takes ~1-5 ms)
 
 
@@ -465,26 +466,41 @@ class SlotDecoder(RingDecoder):
         chunk's step: a new request's first token waited that step out, then its own). While it runs, the
         sibling appends beyond what it holds (and rolls back what it drafted); the copy goes to a fresh cache,
         kept only if nothing changed the sibling's copied positions meanwhile (RingKVCache.moved_below: no
-        rollback, truncation or reset reaching them; no wrap)."""
+        rollback, truncation, reset or wrap reaching them, none under way when the copy began) and the sibling
+        still has that cache."""
         if not isinstance(other, SlotDecoder) or other is self or other._engine is not self._engine:
             return 0
-        with self._lock:
-            src = other.cache
-            epoch = src.epoch
-            n = min(count(), src.position)
-            if n <= 0 or src.truncate_limit != src.position:
-                return 0  # nothing changed
-            # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely asks
-            # for the same (one system prompt)
-            fresh = self._new_cache(src.sink)
-            try:
-                fresh.copy_prefix(src, n)
-            except RollbackError:  # it wrapped or fell back since the checks: this slot keeps its own KV
-                return 0
-            if src.moved_below(n, epoch) or src.truncate_limit != src.position:
-                return 0
-            self.cache = fresh
-            self._set_chunk()
+        for _ in range(
+            COPY_TRIES
+        ):  # a drafting sibling's rollback may be under way: a later try gets past it
+            with self._lock:
+                n = self._copy_from(other, count)
+            if n is not None:
+                return n
+        return 0
+
+    def _copy_from(self, other: SlotDecoder, count: Callable[[], int]) -> int | None:
+        """One try of copy_prefix_from: the ids copied (0: nothing to copy), None where the sibling's KV
+        moved under it (nothing changed here)."""
+        src = other.cache
+        epoch = src.epoch  # first: what is read after it is checked against it (a seqlock)
+        position = src.position  # before count(): ids the session says it holds lie below it
+        n = min(count(), position)
+        if n <= 0 or src.truncate_limit != position:
+            return 0
+        if src.moved_below(n, epoch):
+            return None
+        # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely asks for
+        # the same (one system prompt)
+        fresh = self._new_cache(src.sink)
+        try:
+            fresh.copy_prefix(src, n)
+        except RollbackError:  # it wrapped or fell back since the checks: this slot keeps its own KV
+            return 0
+        if src.moved_below(n, epoch) or other.cache is not src:  # moved, or replaced (set_sink, a copy)
+            return None
+        self.cache = fresh
+        self._set_chunk()
         return n
 
     def close(self) -> None:

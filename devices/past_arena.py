@@ -6,9 +6,10 @@ copied every slot's whole past each time: the 0.5b with 4 slots 600 tokens deep 
 depth.
 
 The arena keeps that concatenation. Each slot has a region of its own with room to grow; a region is refreshed
-from the slot's ring only from the lowest slot the ring changed since (RingKVCache.take_written) or where the
-bound prefix grew, so a decode step copies nothing (its new token lies in the staging window or beyond the
-bound prefix), and a region always equals its ring's bound prefix bit for bit. A region's columns past its
+from the slot's ring only where the ring wrote since (RingKVCache.take_written: the slots [lo, hi)) or where
+the bound prefix grew, so a staged decode step copies nothing (its new token lies in the staging window or
+beyond the bound prefix; an unstaged one's, once the prefix covers it, one column; a wrapped ring's, the slot
+it overwrote), and a region always equals its ring's bound prefix bit for bit. A region's columns past its
 prefix, and the regions of slots not in a step, are masked (`Packed.columns`: the masks place each part).
 
 The layout is made anew (every region copied once) when a slot without a region joins a step, a prefix
@@ -65,10 +66,14 @@ class PastArena:
         first = {ck: kind_of.index(ck) for ck in sorted(set(kind_of))}
         bounds = {ck: [int(f[f"past_key_{i}"].shape[1]) for f in feeds] for ck, i in first.items()}
         places = self._place(caches, feeds, bounds)
-        for cache, j, lengths in zip(caches, places, zip(*bounds.values(), strict=True), strict=True):
-            written = cache.take_written()
-            for ck, length in zip(bounds, lengths, strict=True):
-                self._refresh(cache, j, ck, min(self._valid[ck][j], written[ck]), length)
+        try:
+            for cache, j, lengths in zip(caches, places, zip(*bounds.values(), strict=True), strict=True):
+                written = cache.take_written()
+                for ck, length in zip(bounds, lengths, strict=True):
+                    self._refresh(cache, j, ck, written[ck], length)
+        except BaseException:
+            self._layout = []  # what was taken is lost: the next step lays out (and copies) anew
+            raise
         out: dict[str, np.ndarray] = {}
         for i in range(len(kind_of)):
             out[f"past_key_{i}"], out[f"past_value_{i}"] = self._k[i], self._v[i]
@@ -78,14 +83,21 @@ class PastArena:
             columns[f"mask_{k}"] = (tuple(starts[j] for j in places), int(self._k[i].shape[1]))
         return Packed(out, columns)
 
-    def _refresh(self, cache: RingKVCache, j: int, ck: int, lo: int, length: int) -> None:
-        """Region j of kind ck: ring slots [lo, length) copied in; it equals the ring's [0, length) after."""
-        if lo < length:
-            at = self._offsets[ck][j]
-            for i in (i for i, k in enumerate(cache.layer_kind) if k == ck):
-                self._k[i][:, at + lo : at + length] = cache.keys[i][:, lo:length]
-                self._v[i][:, at + lo : at + length] = cache.values[i][:, lo:length]
-            self.copied += length - lo
+    def _refresh(self, cache: RingKVCache, j: int, ck: int, written: tuple[int, int], length: int) -> None:
+        """Region j of kind ck equals the ring's slots [0, length) after: the slots the ring wrote since
+        (`written`, [lo, hi)) and those past what the region held are copied in."""
+        valid, (lo, hi) = self._valid[ck][j], written
+        spans = [(lo, min(hi, valid, length)), (valid, length)]
+        if spans[0][1] >= spans[1][0]:  # they touch: one copy
+            spans = [(min(lo, valid), length)]
+        layers = [i for i, k in enumerate(cache.layer_kind) if k == ck]
+        at = self._offsets[ck][j]
+        for a, b in spans:
+            if a < b:
+                for i in layers:
+                    self._k[i][:, at + a : at + b] = cache.keys[i][:, a:b]
+                    self._v[i][:, at + a : at + b] = cache.values[i][:, a:b]
+                self.copied += b - a
         self._valid[ck][j] = length
 
     def _place(

@@ -194,12 +194,13 @@ class RingKVCache:
         self._undo: deque[_Undo] = deque()
         self._undo_tokens = 0
         self._pending: StepView | None = None
-        # per kind, the lowest slot whose K/V changed since the last take_written() (0: any may have): what a
+        # per kind, the slots [lo, hi) whose K/V changed since the last take_written() (all at first): what a
         # copy of this cache kept elsewhere must refresh (devices/past_arena.py)
-        self._written = [0] * len(self._kinds)
-        # counts what changes slots below `position` (rollback, truncate, copy_prefix, reset), with the lowest
-        # position each change reached: a reader that did not hold the cache still (a sibling slot copying its
-        # prefix) sees whether what it read moved (`moved_below`)
+        self._written = [(0, k.capacity) for k in self._kinds]
+        # a seqlock over what changes positions below `position` (rollback, truncate, copy_prefix, reset, a
+        # wrap evicting a position): odd while such a change is under way, and a log of the lowest position
+        # each reached: a reader that did not hold the cache still (a sibling slot copying its prefix) sees
+        # whether what it read moved (`moved_below`); appending never counts
         self.epoch = 0
         self._moves: deque[tuple[int, int]] = deque(maxlen=64)  # (epoch, lowest position changed)
 
@@ -382,8 +383,12 @@ class RingKVCache:
         pos = view.positions[:n]
         t = min(n, self._max_rollback)  # only the tail can ever be rolled back
         slots = [self._slots(kind, pos) for kind in self._kinds]
+        held = [sp[s] for sp, s in zip(self._slot_pos, slots, strict=True)]  # positions the slots held
+        evicted = [int(h[h >= 0].min()) for h in held if (h >= 0).any()]
+        if evicted:  # the ring wraps: a reader of those positions must see it (moved_below)
+            self._begin_move(min(evicted))
         undo = _Undo([s[n - t :] for s in slots], [], [], [])
-        undo.old_pos = [sp[s] for sp, s in zip(self._slot_pos, undo.slots, strict=True)]
+        undo.old_pos = [h[n - t :] for h in held]
         dsts, tails = [_index(s) for s in slots], [_index(s) for s in undo.slots]
         for g in self._groups:
             dst, tail = dsts[g.kind], tails[g.kind]
@@ -400,6 +405,8 @@ class RingKVCache:
         self._wrote(slots)
         self._position += n
         self._high = max(self._high, self._position)
+        if evicted:
+            self._end_move()
         if t:
             self._undo.append(undo)
             self._undo_tokens += t
@@ -417,7 +424,7 @@ class RingKVCache:
                 f"(max_rollback={self._max_rollback}); reset() and prefill again, or raise max_rollback"
             )
         self._pending = None
-        self._moved(self._position - k)
+        self._begin_move(self._position - k)
         left = k
         while left:
             undo = self._undo[-1]
@@ -437,6 +444,7 @@ class RingKVCache:
             left -= j
         self._position -= k
         self._undo_tokens -= k
+        self._end_move()
 
     @property
     def truncate_limit(self) -> int:
@@ -458,17 +466,18 @@ class RingKVCache:
                 f"{self._undo_tokens}; reset() and prefill again"
             )
         keep = self._position - k
-        self._moved(keep)
+        self._begin_move(keep)
         for g in self._groups:
             freed = self._slot_pos[g.kind] >= keep
             g.k[:, 0][:, freed] = 0
             g.v[:, 0][:, freed] = 0
         for sp in self._slot_pos:
             sp[sp >= keep] = -1
-        self._written = [0] * len(self._kinds)
+        self._written = [(0, kd.capacity) for kd in self._kinds]
         self._position = keep
         self._pending = None
         self._fresh_undo()
+        self._end_move()
 
     def copy_prefix(self, src: RingKVCache, n: int) -> None:
         """Hold the first n tokens `src` holds, copied (another sequence with the same prompt prefix: a shared
@@ -481,15 +490,16 @@ class RingKVCache:
                 f"cannot copy {n} tokens from a cache at {src.position} that "
                 f"{'has wrapped' if src.truncate_limit != src.position else 'holds fewer'}"
             )
-        self.reset()  # the epoch moves there
+        self._begin_move(0)
+        self._clear()
         for mine, theirs in zip(self._groups, src._groups, strict=True):
             mine.k[:, :, :n] = theirs.k[:, :, :n]
             mine.v[:, :, :n] = theirs.v[:, :, :n]
         for sp in self._slot_pos:
             sp[:n] = np.arange(n)
-        self._written = [0] * len(self._kinds)
         self._position = self._high = n
         self._fresh_undo()
+        self._end_move()
 
     def _fresh_undo(self) -> None:
         """The undo log a prefill of the tokens held would have left (after a deep truncate or a copy, both
@@ -509,13 +519,20 @@ class RingKVCache:
 
     def reset(self) -> None:
         """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""
-        self._moved(0)
-        for g in self._groups:
-            g.k.fill(0)
-            g.v.fill(0)
+        self._begin_move(0)
+        self._clear()
+        self._end_move()
+
+    def _clear(self) -> None:
+        if (
+            self._high
+        ):  # else nothing was written since the buffers were zeroed (a fresh cache: no page touched)
+            for g in self._groups:
+                g.k.fill(0)
+                g.v.fill(0)
         for sp in self._slot_pos:
             sp.fill(-1)
-        self._written = [0] * len(self._kinds)
+        self._written = [(0, k.capacity) for k in self._kinds]
         self._position = 0
         self._high = 0
         self._undo.clear()
@@ -523,8 +540,10 @@ class RingKVCache:
         self._pending = None
 
     def moved_below(self, n: int, since: int) -> bool:
-        """Whether a change after epoch `since` (read earlier, maybe from another thread) reached a position
-        below n: what positions [0, n) held then may be gone (appending never counts)."""
+        """Whether positions [0, n) may have changed since `epoch` read `since` (maybe from another thread): a
+        change was under way then (odd), or one since reached below n; appending never counts."""
+        if since % 2:
+            return True
         if self.epoch == since:
             return False
         moves = tuple(self._moves)  # one C call: safe beside the owner's thread appending
@@ -532,15 +551,18 @@ class RingKVCache:
             return True  # the log no longer reaches back that far
         return any(e > since and low < n for e, low in moves)
 
-    def _moved(self, low: int) -> None:
-        self.epoch += 1
+    def _begin_move(self, low: int) -> None:
+        self.epoch += 1  # odd: under way
         self._moves.append((self.epoch, low))
 
-    def take_written(self) -> tuple[int, ...]:
-        """Per kind, the lowest slot whose K/V changed since the last call (the capacity: none), and start
-        anew: a copy of slots [0, L) made at the last call is exact below that slot."""
+    def _end_move(self) -> None:
+        self.epoch += 1
+
+    def take_written(self) -> tuple[tuple[int, int], ...]:
+        """Per kind, the slots [lo, hi) whose K/V changed since the last call (lo >= hi: none), and start
+        anew: a copy made at the last call is exact outside them."""
         taken = tuple(self._written)
-        self._written = [k.capacity for k in self._kinds]
+        self._written = [(k.capacity, 0) for k in self._kinds]
         return taken
 
     def __repr__(self) -> str:
@@ -560,7 +582,8 @@ class RingKVCache:
     def _wrote(self, slots: Sequence[np.ndarray]) -> None:
         for ki, s in enumerate(slots):
             if len(s):
-                self._written[ki] = min(self._written[ki], int(s.min()))
+                lo, hi = self._written[ki]
+                self._written[ki] = (min(lo, int(s.min())), max(hi, int(s.max()) + 1))
 
     def _primary(self) -> int:
         bounded = [i for i, k in enumerate(self._kinds) if not k.lossless]

@@ -124,7 +124,8 @@ class _Worker:
 
     def held(self) -> list[int]:
         # read from the dispatching thread: a warm-up or a generation may be moving it (then the choice of
-        # replica or source is merely less good: adopt_prefix reads it again with the KVs still)
+        # replica or source is merely less good: adopt_prefix reads it again, and keeps a copy only where the
+        # source's copied positions did not move meanwhile)
         return self.model.session.holding()
 
     def _loop(self) -> None:
@@ -147,7 +148,7 @@ class _Worker:
         held = {m: common_prefix(m.session.holding(), ids) for m in job.siblings}
         best = max(held, key=held.__getitem__)
         if held[best] > common_prefix(self.model.session.holding(), ids):
-            job.copied = self.model.adopt_prefix(best, ids)  # it counts again with both KVs still
+            job.copied = self.model.adopt_prefix(best, ids)  # it counts again, with this KV still
 
     def _run(self, job: Job) -> None:
         job.started = time.monotonic()

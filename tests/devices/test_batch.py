@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from edge.devices.base import Decoder
-from edge.devices.batch import BatchEngine, select
+from edge.devices.batch import BatchEngine, _Piece, select
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.phase_split import PhaseSplitDecoder
 from edge.errors import ContextOverflowError, DeviceError
@@ -293,6 +294,9 @@ def test_a_prefix_copy_does_not_wait_for_a_busy_sibling_and_voids_a_moved_one(
 
         monkeypatch.setattr(RingKVCache, "copy_prefix", copying)
 
+    a.cache._begin_move(0)  # a's KV in the middle of a change (a reset) when the copy begins: refused
+    assert copy.copy_prefix_from(a, lambda: 30) == 0 and b.position == 35
+    a.cache._end_move()
     a.forward([5, 6])  # at 42: a tail rollback (a rejected draft) leaves the copied positions alone
     moving(lambda: a.rollback(1))
     assert copy.copy_prefix_from(a, lambda: 38) == 38 and b.position == 38
@@ -301,6 +305,46 @@ def test_a_prefix_copy_does_not_wait_for_a_busy_sibling_and_voids_a_moved_one(
         moving(change)
         assert copy.copy_prefix_from(a, lambda: 30) == 0 and b.position == 39
         a.forward(head)
+    a.close()
+    b.close()
+
+
+def _packed(engine: BatchEngine, parts: Sequence[tuple[Decoder, list[int]]]) -> list[np.ndarray]:
+    """One packed run of the engine's graph carrying each (slot, ids) part as a windowed step (what the
+    engine's thread does with pieces waiting together), committed; each part's logits rows."""
+    pieces = []
+    for slot, ids in parts:
+        view = slot.cache.begin(len(ids))  # type: ignore[attr-defined]
+        feeds = engine.base.step_feeds(slot, view, ids, False, window=True, score=True)  # type: ignore[arg-type]
+        pieces.append(_Piece(slot, feeds))  # type: ignore[arg-type]
+    assert engine._run(pieces, engine.base), pieces[0].error
+    for p in pieces:
+        assert p.out is not None
+        p.slot.cache.commit(p.out[1::2], p.out[2::2])
+    return [p.out[0][0] for p in pieces if p.out is not None]
+
+
+def test_a_slots_verify_rows_equal_its_one_token_rows_beside_the_same_slot(tmp_path: Path) -> None:
+    """`BatchSlot.rows_invariant` (what lets `--draft auto` draft a slot's greedy requests): on ORT's staged
+    graph at fast, a slot's 5-token verify packed beside another slot's step gives, bit for bit, the rows
+    its 5 one-token steps give packed beside that same step."""
+    path = write_tiny_model(tmp_path / "tiny.gguf", TinySpec(seed=0))
+    opts = replace(_options("ort", True, 256), precision="fast")
+    base = GraphDecoder(open_gguf(path), opts)
+    assert base.capabilities().batch_invariant
+    engine = BatchEngine(base)
+    a, b = engine.slots(2)
+    assert a.capabilities().batch_slot.rows_invariant  # type: ignore[union-attr]
+    a.forward(_prompt(40, 21))
+    b.forward(_prompt(23, 22))
+    draft = [7, 8, 9, 10, 11]  # positions 40-44: inside one staging window
+    verify = _packed(engine, [(a, draft), (b, [5])])[0]
+    a.rollback(5)
+    b.rollback(1)
+    for i, t in enumerate(draft):
+        row = _packed(engine, [(a, [t]), (b, [5])])[0]
+        b.rollback(1)  # b's step is the same every time
+        np.testing.assert_array_equal(row[0], verify[i])
     a.close()
     b.close()
 

@@ -788,3 +788,24 @@ def test_moved_below_says_which_changes_reached_the_positions_read() -> None:
         feed(cache, 1)
         cache.rollback(1)
     assert cache.moved_below(0, since)
+    since = cache.epoch
+    cache._begin_move(5)  # a change under way when the reader looks: whatever it reads may be torn
+    assert cache.moved_below(1, cache.epoch)
+    cache._end_move()
+
+
+def test_a_wrap_evicting_a_position_counts_as_a_move() -> None:
+    cache = RingKVCache([LayerSpec(n_kv_heads=2, head_dim=4, capacity=16)], sink=2)
+    feed(cache, 16)
+    since = cache.epoch
+    feed(cache, 1)  # slot 2 (position 2) is overwritten by position 16
+    assert cache.moved_below(3, since) and not cache.moved_below(2, since)
+
+
+def test_written_slots_are_a_range_per_kind() -> None:
+    cache = RingKVCache([LayerSpec(n_kv_heads=2, head_dim=4, capacity=16)], sink=2)
+    assert cache.take_written() == ((0, 16),)  # a new cache: everything
+    feed(cache, 16)
+    cache.take_written()
+    feed(cache, 2)  # wraps: positions 16, 17 go to slots 2, 3
+    assert cache.take_written() == ((2, 4),) and cache.take_written() == ((16, 0),)
