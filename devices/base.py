@@ -146,11 +146,15 @@ class PrefixCopy(Protocol):
     """Taking another sequence's KV prefix instead of computing it (batch slots of one engine: a shared system
     prompt, a conversation that moved to another slot)."""
 
-    def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:
+    def copy_prefix_from(
+        self, other: Decoder, count: Callable[[], int], adopt: Callable[[int], None] | None = None
+    ) -> int:
         """Hold `other`'s first tokens, copied (this KV is replaced): `count()`, called while this KV cannot
         move, says how many (`other` may be generating meanwhile: it is not waited for, and what it holds may
-        grow). Returns how many were copied: 0, nothing changed, where `other` is no sibling, its KV no longer
-        holds them in place (a wrapped ring), or it moved otherwise than by appending during the copy."""
+        grow). `adopt(n)` runs once the copy is in place and before another slot may copy from it (the caller
+        records the ids it holds now). Returns how many were copied: 0, nothing changed, where `other` is no
+        sibling, its KV no longer holds them in place (a wrapped ring), or it moved otherwise than by appending
+        during the copy."""
         ...
 
 

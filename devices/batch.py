@@ -460,7 +460,9 @@ class SlotDecoder(RingDecoder):
             phases=self._engine.phases,
         )
 
-    def copy_prefix_from(self, other: Decoder, count: Callable[[], int]) -> int:
+    def copy_prefix_from(
+        self, other: Decoder, count: Callable[[], int], adopt: Callable[[int], None] | None = None
+    ) -> int:
         """`PrefixCopy`: a sibling slot's first tokens, copied (same graph, same KV geometry). Only this slot's
         lock is held: a generating sibling is not waited for (its forward may be riding in a long prompt
         chunk's step: a new request's first token waited that step out, then its own). While it runs, the
@@ -474,12 +476,14 @@ class SlotDecoder(RingDecoder):
             COPY_TRIES
         ):  # a drafting sibling's rollback may be under way: a later try gets past it
             with self._lock:
-                n = self._copy_from(other, count)
+                n = self._copy_from(other, count, adopt)
             if n is not None:
                 return n
         return 0
 
-    def _copy_from(self, other: SlotDecoder, count: Callable[[], int]) -> int | None:
+    def _copy_from(
+        self, other: SlotDecoder, count: Callable[[], int], adopt: Callable[[int], None] | None
+    ) -> int | None:
         """One try of copy_prefix_from: the ids copied (0: nothing to copy), None where the sibling's KV
         moved under it (nothing changed here)."""
         src = other.cache
@@ -499,8 +503,13 @@ class SlotDecoder(RingDecoder):
             return 0
         if src.moved_below(n, epoch) or other.cache is not src:  # moved, or replaced (set_sink, a copy)
             return None
-        self.cache = fresh
-        self._set_chunk()
+        # NOTE: published mid-change (odd epoch) until `adopt` has the session hold the copied ids: another
+        # slot copying from this one meanwhile reads the cache and the session's ids as one (or retries)
+        with fresh.changing(0):
+            self.cache = fresh
+            self._set_chunk()
+            if adopt is not None:
+                adopt(n)
         return n
 
     def close(self) -> None:

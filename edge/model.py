@@ -765,10 +765,7 @@ class Model:
         with self._lock:
             if self._busy or self._closed or other._closed:
                 return 0
-            n = copy.copy_prefix_from(other.decoder, count)
-            if n:
-                self.session.adopt(taken[:n])
-            return n
+            return copy.copy_prefix_from(other.decoder, count, lambda n: self.session.adopt(taken[:n]))
 
     @property
     def batch_engine(self) -> BatchStats | None:

@@ -12,8 +12,9 @@ NOTE: slot-major so a slot prefix buf[:, :L] is one contiguous block: a runtime 
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -385,10 +386,31 @@ class RingKVCache:
         slots = [self._slots(kind, pos) for kind in self._kinds]
         held = [sp[s] for sp, s in zip(self._slot_pos, slots, strict=True)]  # positions the slots held
         evicted = [int(h[h >= 0].min()) for h in held if (h >= 0).any()]
-        if evicted:  # the ring wraps: a reader of those positions must see it (moved_below)
-            self._begin_move(min(evicted))
         undo = _Undo([s[n - t :] for s in slots], [], [], [])
         undo.old_pos = [h[n - t :] for h in held]
+        # the ring wraps: a reader of the evicted positions must see it (moved_below)
+        with self.changing(min(evicted)) if evicted else contextlib.nullcontext():
+            self._store(slots, undo, new_k, new_v, n, t)
+            for sp, s in zip(self._slot_pos, slots, strict=True):
+                sp[s] = pos
+            self._wrote(slots)
+            self._position += n
+            self._high = max(self._high, self._position)
+        if t:
+            self._undo.append(undo)
+            self._undo_tokens += t
+            self._trim_undo()
+
+    def _store(
+        self,
+        slots: list[np.ndarray],
+        undo: _Undo,
+        new_k: Sequence[np.ndarray],
+        new_v: Sequence[np.ndarray],
+        n: int,
+        t: int,
+    ) -> None:
+        """commit's writes: the new K/V into their slots, what the tail overwrites into the undo record."""
         dsts, tails = [_index(s) for s in slots], [_index(s) for s in undo.slots]
         for g in self._groups:
             dst, tail = dsts[g.kind], tails[g.kind]
@@ -400,17 +422,6 @@ class RingKVCache:
                     body[0][dst] = new[g.layers[0]][0, :n]
                 else:
                     body[:, dst] = np.stack([new[i][0, :n] for i in g.layers])
-        for sp, s in zip(self._slot_pos, slots, strict=True):
-            sp[s] = pos
-        self._wrote(slots)
-        self._position += n
-        self._high = max(self._high, self._position)
-        if evicted:
-            self._end_move()
-        if t:
-            self._undo.append(undo)
-            self._undo_tokens += t
-            self._trim_undo()
 
     def rollback(self, k: int) -> None:
         """Forget the last k committed tokens, restoring buffers and positions bit-exactly."""
@@ -424,7 +435,10 @@ class RingKVCache:
                 f"(max_rollback={self._max_rollback}); reset() and prefill again, or raise max_rollback"
             )
         self._pending = None
-        self._begin_move(self._position - k)
+        with self.changing(self._position - k):
+            self._undo_last(k)
+
+    def _undo_last(self, k: int) -> None:
         left = k
         while left:
             undo = self._undo[-1]
@@ -444,7 +458,6 @@ class RingKVCache:
             left -= j
         self._position -= k
         self._undo_tokens -= k
-        self._end_move()
 
     @property
     def truncate_limit(self) -> int:
@@ -466,18 +479,17 @@ class RingKVCache:
                 f"{self._undo_tokens}; reset() and prefill again"
             )
         keep = self._position - k
-        self._begin_move(keep)
-        for g in self._groups:
-            freed = self._slot_pos[g.kind] >= keep
-            g.k[:, 0][:, freed] = 0
-            g.v[:, 0][:, freed] = 0
-        for sp in self._slot_pos:
-            sp[sp >= keep] = -1
-        self._written = [(0, kd.capacity) for kd in self._kinds]
-        self._position = keep
-        self._pending = None
-        self._fresh_undo()
-        self._end_move()
+        with self.changing(keep):
+            for g in self._groups:
+                freed = self._slot_pos[g.kind] >= keep
+                g.k[:, 0][:, freed] = 0
+                g.v[:, 0][:, freed] = 0
+            for sp in self._slot_pos:
+                sp[sp >= keep] = -1
+            self._written = [(0, kd.capacity) for kd in self._kinds]
+            self._position = keep
+            self._pending = None
+            self._fresh_undo()
 
     def copy_prefix(self, src: RingKVCache, n: int) -> None:
         """Hold the first n tokens `src` holds, copied (another sequence with the same prompt prefix: a shared
@@ -490,16 +502,16 @@ class RingKVCache:
                 f"cannot copy {n} tokens from a cache at {src.position} that "
                 f"{'has wrapped' if src.truncate_limit != src.position else 'holds fewer'}"
             )
-        self._begin_move(0)
-        self._clear()
-        for mine, theirs in zip(self._groups, src._groups, strict=True):
-            mine.k[:, :, :n] = theirs.k[:, :, :n]
-            mine.v[:, :, :n] = theirs.v[:, :, :n]
-        for sp in self._slot_pos:
-            sp[:n] = np.arange(n)
-        self._position = self._high = n
-        self._fresh_undo()
-        self._end_move()
+        with self.changing(0):
+            self._clear()
+            self._high = n  # first: a copy cut short still leaves a cache reset() zeroes
+            for mine, theirs in zip(self._groups, src._groups, strict=True):
+                mine.k[:, :, :n] = theirs.k[:, :, :n]
+                mine.v[:, :, :n] = theirs.v[:, :, :n]
+            for sp in self._slot_pos:
+                sp[:n] = np.arange(n)
+            self._position = n
+            self._fresh_undo()
 
     def _fresh_undo(self) -> None:
         """The undo log a prefill of the tokens held would have left (after a deep truncate or a copy, both
@@ -519,9 +531,8 @@ class RingKVCache:
 
     def reset(self) -> None:
         """Empty the cache in place (buffers zeroed, so a reset cache equals a fresh one bit for bit)."""
-        self._begin_move(0)
-        self._clear()
-        self._end_move()
+        with self.changing(0):
+            self._clear()
 
     def _clear(self) -> None:
         if (
@@ -557,6 +568,17 @@ class RingKVCache:
 
     def _end_move(self) -> None:
         self.epoch += 1
+
+    @contextlib.contextmanager
+    def changing(self, low: int) -> Iterator[None]:
+        """A change reaching position `low`: the seqlock's bracket around the cache's own changes, and around
+        an owner's change of what the cache stands for (a copied cache published before its ids are recorded:
+        devices/batch.py); it ends even where the change raised."""
+        self._begin_move(low)
+        try:
+            yield
+        finally:
+            self._end_move()
 
     def take_written(self) -> tuple[tuple[int, int], ...]:
         """Per kind, the slots [lo, hi) whose K/V changed since the last call (lo >= hi: none), and start

@@ -309,6 +309,25 @@ def test_a_prefix_copy_does_not_wait_for_a_busy_sibling_and_voids_a_moved_one(
     b.close()
 
 
+def test_a_copy_is_not_copied_on_before_its_ids_are_recorded(files: dict[str, Path]) -> None:
+    """b copies a's prefix; until b's caller has recorded the ids b holds (`adopt`), a third slot copying from
+    b is refused (it would pair b's new KV with the ids b held before), and after it, allowed."""
+    base = GraphDecoder(open_gguf(files["llama-q4_1"]), _options("ort", True, 256))
+    a, b, c = base.capabilities().batching.slots(3)  # type: ignore[union-attr]
+    a.forward(_prompt(40, 31))
+    b.forward(_prompt(12, 32))
+    during: list[int] = []
+
+    def adopt(n: int) -> None:
+        during.append(c.capabilities().prefix_copy.copy_prefix_from(b, lambda: 20))  # type: ignore[union-attr]
+
+    assert b.capabilities().prefix_copy.copy_prefix_from(a, lambda: 30, adopt) == 30  # type: ignore[union-attr]
+    assert during == [0] and c.position == 0
+    assert c.capabilities().prefix_copy.copy_prefix_from(b, lambda: 20) == 20  # type: ignore[union-attr]
+    for s in (a, b, c):
+        s.close()
+
+
 def _packed(engine: BatchEngine, parts: Sequence[tuple[Decoder, list[int]]]) -> list[np.ndarray]:
     """One packed run of the engine's graph carrying each (slot, ids) part as a windowed step (what the
     engine's thread does with pieces waiting together), committed; each part's logits rows."""
