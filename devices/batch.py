@@ -466,10 +466,10 @@ class SlotDecoder(RingDecoder):
         """`PrefixCopy`: a sibling slot's first tokens, copied (same graph, same KV geometry). Only this slot's
         lock is held: a generating sibling is not waited for (its forward may be riding in a long prompt
         chunk's step: a new request's first token waited that step out, then its own). While it runs, the
-        sibling appends beyond what it holds (and rolls back what it drafted); the copy goes to a fresh cache,
-        kept only if nothing changed the sibling's copied positions meanwhile (RingKVCache.moved_below: no
-        rollback, truncation, reset or wrap reaching them, none under way when the copy began) and the sibling
-        still has that cache."""
+        sibling appends beyond what it holds (and rolls back what it drafted); the copy is kept only if nothing
+        changed the sibling's copied positions meanwhile (RingKVCache.moved_below: no rollback, truncation,
+        reset or wrap reaching them, none under way when the copy began) and the sibling still has that cache;
+        else this KV is emptied (its session then prefills the prompt) and the copy tried again."""
         if not isinstance(other, SlotDecoder) or other is self or other._engine is not self._engine:
             return 0
         for _ in range(
@@ -485,7 +485,7 @@ class SlotDecoder(RingDecoder):
         self, other: SlotDecoder, count: Callable[[], int], adopt: Callable[[int], None] | None
     ) -> int | None:
         """One try of copy_prefix_from: the ids copied (0: nothing to copy), None where the sibling's KV
-        moved under it (nothing changed here)."""
+        moved under it (this KV is then empty, which its session sees)."""
         src = other.cache
         epoch = src.epoch  # first: what is read after it is checked against it (a seqlock)
         position = src.position  # before count(): ids the session says it holds lie below it
@@ -494,20 +494,23 @@ class SlotDecoder(RingDecoder):
             return 0
         if src.moved_below(n, epoch):
             return None
-        # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely asks for
-        # the same (one system prompt)
-        fresh = self._new_cache(src.sink)
-        try:
-            fresh.copy_prefix(src, n)
-        except RollbackError:  # it wrapped or fell back since the checks: this slot keeps its own KV
-            return 0
-        if src.moved_below(n, epoch) or other.cache is not src:  # moved, or replaced (set_sink, a copy)
-            return None
-        # NOTE: published mid-change (odd epoch) until `adopt` has the session hold the copied ids: another
-        # slot copying from this one meanwhile reads the cache and the session's ids as one (or retries)
-        with fresh.changing(0):
-            self.cache = fresh
+        if self.cache.sink != src.sink:
+            # NOTE: the sinks the source's conversation pinned: the request copying its prefix most likely asks
+            # for the same (one system prompt)
+            self.cache = self._new_cache(src.sink)
             self._set_chunk()
+        cache = self.cache
+        # NOTE: in place (a new cache a copy would grow the heap: the soak's RSS), inside the seqlock's bracket
+        # until `adopt` has the session hold the copied ids: another slot copying from this one meanwhile reads
+        # the cache and the session's ids as one, or retries
+        with cache.changing(0):
+            try:
+                cache.copy_prefix(src, n)
+            except RollbackError:  # it wrapped or fell back since the checks (nothing changed here)
+                return 0
+            if src.moved_below(n, epoch) or other.cache is not src:  # moved, or replaced (set_sink, a copy)
+                cache.reset()  # emptied: its session sees the KV differ from what it held, and prefills
+                return None
             if adopt is not None:
                 adopt(n)
         return n

@@ -203,6 +203,7 @@ class RingKVCache:
         # each reached: a reader that did not hold the cache still (a sibling slot copying its prefix) sees
         # whether what it read moved (`moved_below`); appending never counts
         self.epoch = 0
+        self._depth = 0  # brackets open (changing)
         self._moves: deque[tuple[int, int]] = deque(maxlen=64)  # (epoch, lowest position changed)
 
     # --- geometry and state -------------------------------------------------------------------------------
@@ -563,11 +564,15 @@ class RingKVCache:
         return any(e > since and low < n for e, low in moves)
 
     def _begin_move(self, low: int) -> None:
-        self.epoch += 1  # odd: under way
+        if not self._depth:
+            self.epoch += 1  # odd: under way
+        self._depth += 1  # a change inside another (copy_prefix inside an owner's bracket) keeps it odd
         self._moves.append((self.epoch, low))
 
     def _end_move(self) -> None:
-        self.epoch += 1
+        self._depth -= 1
+        if not self._depth:
+            self.epoch += 1
 
     @contextlib.contextmanager
     def changing(self, low: int) -> Iterator[None]:
