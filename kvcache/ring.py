@@ -386,7 +386,9 @@ class RingKVCache:
         t = min(n, self._max_rollback)  # only the tail can ever be rolled back
         slots = [self._slots(kind, pos) for kind in self._kinds]
         held = [sp[s] for sp, s in zip(self._slot_pos, slots, strict=True)]  # positions the slots held
-        evicted = [int(h[h >= 0].min()) for h in held if (h >= 0).any()]
+        # a position evicted, only where a kind's slots are reused (a decode step before any wrap skips this)
+        wraps = any(self._position + n > kind.capacity for kind in self._kinds)
+        evicted = [int(h[h >= 0].min()) for h in held if (h >= 0).any()] if wraps else []
         undo = _Undo([s[n - t :] for s in slots], [], [], [])
         undo.old_pos = [h[n - t :] for h in held]
         # the ring wraps: a reader of the evicted positions must see it (moved_below)
@@ -536,9 +538,8 @@ class RingKVCache:
             self._clear()
 
     def _clear(self) -> None:
-        if (
-            self._high
-        ):  # else nothing was written since the buffers were zeroed (a fresh cache: no page touched)
+        # _high 0: nothing was written since the buffers were zeroed (a fresh cache: no page touched)
+        if self._high:
             for g in self._groups:
                 g.k.fill(0)
                 g.v.fill(0)
