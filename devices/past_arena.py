@@ -35,7 +35,7 @@ STALE = 16  # steps in a row a slot may sit out before the layout drops its regi
 
 @dataclass(frozen=True)
 class Packed:
-    feeds: dict[str, np.ndarray]  # past_key_i / past_value_i for every layer
+    feeds: dict[str, np.ndarray]  # past_key_i / past_value_i for every layer (the arena's: read only)
     columns: dict[str, tuple[tuple[int, ...], int]]  # per mask input: each part's first column, the width
 
 
@@ -51,6 +51,8 @@ class PastArena:
         self._backing: list[tuple[np.ndarray, np.ndarray]] = []  # per layer, flat K and V buffers
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
+        self._feeds: dict[str, np.ndarray] = {}  # the layout's past_key_i / past_value_i (the arrays above)
+        self._layers_of: dict[int, list[int]] = {}  # per cache kind, its layers
         self.copied = 0  # ring columns copied in (per region and cache kind, all its layers), for tests
         self.layouts = 0  # layouts made
 
@@ -63,7 +65,10 @@ class PastArena:
         """The packed past of a step whose parts are `feeds` (built against `caches`, in that order), and
         where each part's past lies for the graph's masks (`mask_layer`: mask kind -> a layer of it)."""
         kind_of = caches[0].layer_kind
-        first = {ck: kind_of.index(ck) for ck in sorted(set(kind_of))}
+        if not self._layers_of:
+            for i, ck in enumerate(kind_of):
+                self._layers_of.setdefault(ck, []).append(i)
+        first = {ck: layers[0] for ck, layers in self._layers_of.items()}
         bounds = {ck: [int(f[f"past_key_{i}"].shape[1]) for f in feeds] for ck, i in first.items()}
         places = self._place(caches, feeds, bounds)
         try:
@@ -74,14 +79,11 @@ class PastArena:
         except BaseException:
             self._layout = []  # what was taken is lost: the next step lays out (and copies) anew
             raise
-        out: dict[str, np.ndarray] = {}
-        for i in range(len(kind_of)):
-            out[f"past_key_{i}"], out[f"past_value_{i}"] = self._k[i], self._v[i]
         columns = {}
         for k, i in mask_layer.items():
             starts = self._offsets[kind_of[i]]
             columns[f"mask_{k}"] = (tuple(starts[j] for j in places), int(self._k[i].shape[1]))
-        return Packed(out, columns)
+        return Packed(self._feeds, columns)
 
     def _refresh(self, cache: RingKVCache, j: int, ck: int, written: tuple[int, int], length: int) -> None:
         """Region j of kind ck equals the ring's slots [0, length) after: the slots the ring wrote since
@@ -90,11 +92,10 @@ class PastArena:
         spans = [(lo, min(hi, valid, length)), (valid, length)]
         if spans[0][1] >= spans[1][0]:  # they touch: one copy
             spans = [(min(lo, valid), length)]
-        layers = [i for i, k in enumerate(cache.layer_kind) if k == ck]
         at = self._offsets[ck][j]
         for a, b in spans:
             if a < b:
-                for i in layers:
+                for i in self._layers_of[ck]:
                     self._k[i][:, at + a : at + b] = cache.keys[i][:, a:b]
                     self._v[i][:, at + a : at + b] = cache.values[i][:, a:b]
                 self.copied += b - a
@@ -136,16 +137,16 @@ class PastArena:
         for ck, cs in caps.items():
             self._caps[ck] = [min(c, kinds[ck].capacity) for c in cs]
             self._offsets[ck] = [int(x) for x in np.cumsum([0, *self._caps[ck][:-1]])]
-            self._valid[ck] = [0] * len(
-                layout
-            )  # nothing copied yet: every region is filled by its first step
-        self._k, self._v = [], []
+            # nothing copied yet: every region is filled by its first step
+            self._valid[ck] = [0] * len(layout)
+        self._k, self._v, self._feeds = [], [], {}
         for i, ck in enumerate(layout[0].layer_kind):
             shape = (1, sum(self._caps[ck]), specs[i].n_kv_heads, specs[i].head_dim)
             size = int(np.prod(shape))
             k, v = self._buffers(i, size, layout[0].dtype)
             self._k.append(k[:size].reshape(shape))
             self._v.append(v[:size].reshape(shape))
+            self._feeds[f"past_key_{i}"], self._feeds[f"past_value_{i}"] = self._k[i], self._v[i]
 
     def _buffers(self, i: int, size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's flat K and V buffers of at least `size` elements (grown by a quarter when too small).
