@@ -472,9 +472,8 @@ class SlotDecoder(RingDecoder):
         else this KV is emptied (its session then prefills the prompt) and the copy tried again."""
         if not isinstance(other, SlotDecoder) or other is self or other._engine is not self._engine:
             return 0
-        for _ in range(
-            COPY_TRIES
-        ):  # a drafting sibling's rollback may be under way: a later try gets past it
+        # a drafting sibling's rollback may be under way: a later try gets past it
+        for _ in range(COPY_TRIES):
             with self._lock:
                 n = self._copy_from(other, count, adopt)
             if n is not None:
