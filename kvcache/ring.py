@@ -23,6 +23,7 @@ from numpy.typing import DTypeLike
 
 from edge.errors import ContextOverflowError
 
+from .pages import small_page_zeros
 from .spec import POLICIES, LayerKind, LayerSpec, OverflowPolicy
 
 GatheredKV = tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]  # per layer K, per layer V
@@ -181,7 +182,9 @@ class RingKVCache:
         v_views = list(k_views)
         for (ki, kvh, hd), idx in members.items():
             shape = (len(idx), 1, self._kinds[ki].capacity, kvh, hd)
-            group = _Group(ki, tuple(idx), np.zeros(shape, self._dtype), np.zeros(shape, self._dtype))
+            group = _Group(
+                ki, tuple(idx), small_page_zeros(shape, self._dtype), small_page_zeros(shape, self._dtype)
+            )
             self._groups.append(group)
             for j, layer in enumerate(idx):
                 k_views[layer], v_views[layer] = group.k[j], group.v[j]
@@ -538,11 +541,12 @@ class RingKVCache:
             self._clear()
 
     def _clear(self) -> None:
-        # _high 0: nothing was written since the buffers were zeroed (a fresh cache: no page touched)
-        if self._high:
-            for g in self._groups:
-                g.k.fill(0)
-                g.v.fill(0)
+        # only slots [0, _high) were written (all of a kind's once it wrapped): zeroing no further leaves the
+        # pages of a deep ring never touched unmapped, so a slot's RSS follows the depth its requests reached
+        for g in self._groups:
+            end = min(self._high, self._kinds[g.kind].capacity)
+            g.k[:, :, :end].fill(0)
+            g.v[:, :, :end].fill(0)
         for sp in self._slot_pos:
             sp.fill(-1)
         self._written = [(0, k.capacity) for k in self._kinds]
