@@ -317,9 +317,10 @@ def choose_backend(
 ) -> Choice:
     """The backend `--backend auto` runs `path` (a GGUF file) on, on this machine's CPU; an installed backend
     refused here (llama.cpp failing its known-answer check) is no candidate, and the note says so.
-    `batching`: several sequences will run at once (`edge serve --parallel N`): only the own graphs carry
-    them in one forward on one copy of the weights (devices/batch.py), so auto chooses among those unless
-    the file runs only on llama.cpp (which then runs as replicas); a split by phase batches too (its slots'
+    `batching`: several sequences will run at once (`edge serve --parallel N`): auto chooses among the own
+    graphs (devices/batch.py), whose slots served 4 clients 1.7x llama-server's on the 0.5b
+    (docs/performance.md), unless the file runs only on llama.cpp (whose slots are sequences of one
+    context, devices/llamacpp_batch.py); a split by phase batches too (its slots'
     prompts on the prefill half, their decode rows packed on the decode half). `split`: whether a split by
     phase may be chosen where it measured faster (devices/auto_split.py); the caller then opens `Choice.plan`."""
     have, refused = probe_candidates() if available is None else (list(available), {})

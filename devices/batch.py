@@ -34,10 +34,9 @@ fourth step (every other one while the others only decode).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 
@@ -45,16 +44,16 @@ from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.past_arena import Packed, PastArena
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
+from edge.devices.step_loop import LINGER_S, StepLoop, select
 from edge.errors import DeviceError
 from edge.kvcache import RollbackError, StepView
 from edge.kvcache.ring import NEG_INF
 from edge.kvcache.staging import WINDOW
 from edge.models.arch import ArchConfig
 
-__all__ = ["BatchEngine", "SlotDecoder", "pack", "select"]
+__all__ = ["BatchEngine", "SlotDecoder", "pack", "select"]  # select: devices/step_loop.py
 
 COPY_TRIES = 3  # prefix copies a sibling's moving KV voided before this slot prefills the prompt itself
-LINGER_S = 0.01  # how long a step waits for the slots of the last one (a sampling step takes ~1-5 ms)
 
 
 class Shared(Protocol):
@@ -111,8 +110,8 @@ class _Piece:
         return self.long or self.n > WINDOW
 
 
-class BatchEngine:
-    """The shared graph decoder and the thread that runs the packed steps (see the module docstring)."""
+class BatchEngine(StepLoop):
+    """The shared graph decoder, and the steps run packed on it (see the module docstring)."""
 
     def __init__(
         self,
@@ -123,30 +122,15 @@ class BatchEngine:
         phases: PhaseSplit | None = None,
         backend: str | None = None,
     ) -> None:
+        if (prefill is None) != (phases is None):
+            raise ValueError("a prefill half comes with the split's PhaseSplit")
         self.base = base
         # a phase split's prompt half and what the split declares (threshold, labels); None: one graph
         self.prefill, self.phases = prefill, phases
         # what the slots name as their backend (a split's label, e.g. "openvino:bf16+ort"); None: base's
         self.backend = backend or base.backend
-        if (prefill is None) != (phases is None):
-            raise ValueError("a prefill half comes with the split's PhaseSplit")
-        self.linger = linger
-        self._cond = threading.Condition()
-        self._waiting: list[_Piece] = []
-        self._expected: set[int] = set()  # slots (ids) of the last step, waited for up to `linger`
-        self._open = 0
-        self._closed = False
-        self.steps = 0  # runs made, and the pieces and tokens they carried (for /health and tests)
-        self.pieces = 0
-        self.tokens = 0
-        # runs that carried a many-token piece (a prompt chunk, a verify) beside other slots' one-token steps
-        self.mixed_steps = 0
-        self.prefill_runs = 0  # runs of the prefill half (a phase split's prompt chunks)
         self._arena = PastArena()  # the decode half's packed past (the prefill half runs one piece alone)
-        self._rested = 3  # steps without a prompt chunk since the last one that carried one
-        self._made = 0  # slots made: each slot's index
-        self._thread = threading.Thread(target=self._loop, name="edge-batch-engine", daemon=True)
-        self._thread.start()
+        super().__init__(linger=linger)
 
     def slots(self, n: int) -> list[SlotDecoder]:
         if n < 1:
@@ -154,87 +138,28 @@ class BatchEngine:
         slots: list[SlotDecoder] = []
         try:
             for _ in range(n):
-                with self._cond:
-                    self._open += 1
-                    self._made += 1
-                slots.append(SlotDecoder(self, self._made))
-        except BaseException:  # the one that failed and those made: the last release stops the engine
-            self.release()
+                index = self._open_slot()
+                try:
+                    slots.append(SlotDecoder(self, index))
+                except BaseException:
+                    self.release()  # the one that failed
+                    raise
+        except BaseException:  # and those made: the last release stops the engine
             for s in slots:
                 s.close()
             raise
         return slots
 
-    # -- what slots call -------------------------------------------------------------------------------
-    def run(self, piece: _Piece) -> list[np.ndarray]:
-        with self._cond:
-            if self._closed:
-                raise DeviceError("the batch engine is closed", hint="load the model again")
-            self._waiting.append(piece)
-            self._cond.notify_all()
-        piece.done.wait()
-        if piece.error is not None:
-            raise piece.error
-        assert piece.out is not None
-        return piece.out
-
     def release(self) -> None:
         """A slot closed; the last one stops the engine and closes the shared decoder."""
-        with self._cond:
-            self._open -= 1
-            last = self._open == 0
-            if last:
-                self._closed = True
-                self._cond.notify_all()
-        if last:
-            self._thread.join()
+        if self._release_slot():
             try:
                 self.base.close()
             finally:
                 if self.prefill is not None:
                     self.prefill.close()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def mean_batch(self) -> float:
-        return self.pieces / self.steps if self.steps else 0.0
-
     # -- the engine thread -----------------------------------------------------------------------------
-    def _loop(self) -> None:
-        try:
-            while True:
-                batch = self._gather()
-                if batch is None:
-                    return
-                self._step(batch)
-        finally:  # however the thread ends, nobody waits for it: the pieces still waiting fail
-            with self._cond:
-                self._closed, waiting, self._waiting = True, self._waiting, []
-            for p in waiting:
-                p.error = DeviceError("the batch engine stopped", hint="load the model again")
-                p.done.set()
-
-    def _gather(self) -> list[_Piece] | None:
-        """The pieces of the next step: wait for one, then up to `linger` for the last step's slots."""
-        with self._cond:
-            while not self._waiting and not self._closed:
-                self._cond.wait()
-            if self._closed and not self._waiting:
-                return None
-            deadline = time.monotonic() + self.linger
-            while not self._closed and not self._expected <= {id(p.slot) for p in self._waiting}:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            batch, self._rested = select(self._waiting, self._rested)
-            self._waiting = [p for p in self._waiting if p not in batch]
-            self._expected = {id(p.slot) for p in batch}
-            return batch
-
     def _step(self, batch: list[_Piece]) -> None:
         """One step: the decode half's pieces packed into one run, then a prompt piece on the prefill half
         (alone). `steps`, `pieces` and `mean_batch` count the packed runs; `prefill_runs` the others."""
@@ -272,31 +197,6 @@ class BatchEngine:
         for p, o in zip(pieces, parts, strict=True):
             p.out, p.batch = o, len(pieces)
         return True
-
-
-class _Waiting(Protocol):
-    chunk: bool
-    urgent: bool
-
-
-W = TypeVar("W", bound=_Waiting)
-
-
-def select(waiting: Sequence[W], rested: int) -> tuple[list[W], int]:
-    """The pieces of the next step, in arrival order, and the next call's `rested` (steps without a prompt
-    chunk since the last one that carried one). One chunk a step; while other pieces wait, none right after a
-    chunk's step, nor for two steps more while an urgent piece waits (see the module docstring)."""
-    others = [p for p in waiting if not p.chunk]
-    urgent = any(p.urgent for p in others)
-    allowed = not others or rested >= 3 or (rested >= 1 and not urgent)
-    batch, took = [], False
-    for p in waiting:
-        if p.chunk:
-            if took or not allowed:
-                continue
-            took = True
-        batch.append(p)
-    return batch, 0 if took else rested + 1
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.devices.base import Capabilities, KVFill
+from edge.devices.base import Capabilities, Decoder, KVFill
+from edge.devices.llamacpp_batch import LlamaCppBatch, Native
 from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
 from edge.models.checked import CheckedModel, as_checked
 
@@ -189,7 +190,23 @@ class LlamaCppDecoder:
 
     def capabilities(self) -> Capabilities:
         # seq_rm removes any suffix of the cache; a linear cache has no sinks and one whole model
-        return Capabilities(max_rollback=None)
+        return Capabilities(max_rollback=None, batching=self)
+
+    def slots(self, n: int) -> list[Decoder]:
+        """`Batching`: n sequences on this model, decoded in one native batch a step
+        (devices/llamacpp_batch.py). This decoder hands its model over: it is closed afterwards."""
+        with self._lock:
+            self._check_open()
+            llama, self._llama = self._llama, None
+        native = Native(
+            self._lib, llama, self.n_ctx, self.n_batch, self.vocab_size, self.device, close=llama.close
+        )
+        try:
+            engine = LlamaCppBatch(native, n)
+        except BaseException:
+            llama.close()
+            raise
+        return list(engine.slots())
 
     def kv_fill(self) -> KVFill:
         return KVFill(self.position, self.n_ctx, self.position, ring=False)

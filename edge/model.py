@@ -714,7 +714,7 @@ class Model:
         if batching is None:
             raise EdgeError(
                 f"{self.name} on {self.backend} cannot run several sequences in one forward",
-                hint="load it on an own-graph backend (ort, openvino) for slots; llama.cpp runs replicas",
+                hint="load it on a backend that batches (ort, openvino, llamacpp) for slots",
             )
         if n < 1:
             raise ValueError(f"slots needs n >= 1 (got {n})")

@@ -49,8 +49,8 @@ def add_parser(sub: Any) -> None:
         "--parallel",
         type=int,
         default=1,
-        help="requests served at once per model: N slots of one model in one forward (own graphs; "
-        "auto picks one), or N replicas with the threads split (llama.cpp)",
+        help="requests served at once per model: N slots of one model, their tokens in one forward a step "
+        "(one copy of the weights; with a draft model: N replicas)",
     )
     srv.add_argument(
         "--queue", type=int, default=32, help="requests waiting per model before 429 (default 32)"

@@ -60,7 +60,7 @@ class ServerConfig:
     models_max: int = (
         1  # models held at once; above the ones named at start, pulled catalog models load on demand
     )
-    # requests per model run at once: slots of one batched model (own graphs), else replicas (llama.cpp)
+    # requests per model run at once: slots of one batched model (replicas with a draft model)
     parallel: int = 1
     load: LoadSettings = field(default_factory=LoadSettings)
     limits: Limits = field(default_factory=Limits)

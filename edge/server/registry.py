@@ -123,8 +123,9 @@ class Registry:
 
     def _load(self, ref: str) -> Scheduler:
         """`--parallel N`: N slots of one model where its backend batches (one copy of the weights, each
-        slot its own KV, their steps in one forward: devices/batch.py); else N replicas, each a whole copy
-        with its share of the cores (llama.cpp), said in the log."""
+        slot its own KV, their steps in one forward: devices/batch.py, devices/llamacpp_batch.py); else (a
+        draft model, a backend that does not batch) N replicas, each a whole copy with its share of the
+        cores, said in the log."""
         n = self.config.parallel
         log.info("loading model %s%s", ref, "" if n == 1 else f" for {n} requests at once")
         t0 = time.monotonic()

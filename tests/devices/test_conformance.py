@@ -54,13 +54,21 @@ def _backend(name: str) -> Callable[[Path, Path], Decoder]:
     return opener
 
 
-def _batch_slot(path: Path, tmp: Path) -> Decoder:
-    """A slot of a batch (devices/batch.py) keeps the contract too; its sibling decodes beside it meanwhile."""
+def _batch_slot(backend: str) -> Callable[[Path, Path], Decoder]:
+    """A slot of a batch (devices/batch.py, devices/llamacpp_batch.py) keeps the contract too; its sibling
+    decodes beside it meanwhile."""
+
+    def opener(path: Path, tmp: Path) -> Decoder:
+        return _slot_beside_a_sibling(_backend(backend)(path, tmp))
+
+    return opener
+
+
+def _slot_beside_a_sibling(base: Decoder) -> Decoder:
     import threading
 
-    base = _backend("ort")(path, tmp)
     batching = base.capabilities().batching
-    assert batching is not None, "the ORT graph declares batching"
+    assert batching is not None, f"{base.backend} declares batching"
     slot, sibling = batching.slots(2)
 
     errors: list[BaseException] = []
@@ -106,7 +114,7 @@ CASES: dict[str, tuple[Callable[[Path, Path], Decoder], bool]] = {
     **{name: (_backend(name), False) for name in runnable_backends()},
     "partitioned:ort+openvino": (_partitioned, True),
     "npu-emulated(static)": (_npu_emulated, True),
-    "batch-slot(ort)": (_batch_slot, False),
+    **{f"batch-slot({b})": (_batch_slot(b), False) for b in ("ort", "llamacpp") if b in runnable_backends()},
     "phase-split(openvino+ort)": (_phase_split, False),
 }
 

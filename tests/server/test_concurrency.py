@@ -48,11 +48,13 @@ def last_record(sched: Scheduler) -> JobRecord:
     return sched.records[-1]
 
 
-@pytest.mark.parametrize("parallel", [1, 2])
+@pytest.mark.parametrize("parallel, backend", [(1, "llamacpp"), (2, "ort")])
 def test_four_streaming_clients_all_complete_with_their_own_answers(
-    start_server: Callable[..., Server], parallel: int
+    start_server: Callable[..., Server], parallel: int, backend: str
 ) -> None:
-    s = start_server(parallel=parallel)
+    # NOTE: ORT's slots at exact are batch-invariant, so answers equal alone's token for token; llama.cpp's
+    # rows round with the batch (tests/edge/test_llamacpp_slots.py compares those up to near-ties)
+    s = start_server(parallel=parallel, backend=backend, precision="exact")
     c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
     prompts = [f"w{i} w{i + 1}" for i in range(4)]
 
@@ -75,6 +77,33 @@ def test_four_streaming_clients_all_complete_with_their_own_answers(
         t.join(60)
     assert got == {p: [expected[p]] * 2 for p in prompts}  # none dropped, no tokens mixed between requests
     assert scheduler(s).stats()["completed"] == 12
+
+
+def test_llamacpp_parallel_is_slots_of_one_model(start_server: Callable[..., Server]) -> None:
+    """`--parallel 3` on llama.cpp: 3 sequences of one llama.cpp context (one copy of the weights), their
+    tokens decoded in shared native batches; every request completes."""
+    s = start_server(parallel=3)
+    sched = scheduler(s)
+    assert sched.stats()["mode"] == "slots" and sched.stats()["replicas"] == 3
+    engine = sched.replicas[0].batch_engine
+    assert engine is not None and all(m.batch_engine is engine for m in sched.replicas)
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+    done: list[str] = []
+
+    def ask(p: str) -> None:
+        r = c.chat.completions.create(
+            model="tiny.gguf", messages=[{"role": "user", "content": p}], max_tokens=40, temperature=0
+        )
+        assert r.choices[0].finish_reason in ("stop", "length") and r.usage is not None
+        done.append(r.choices[0].message.content or "")
+
+    threads = [threading.Thread(target=ask, args=(f"w{i} " * (1 + 5 * i),)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(done) == 6 and sched.stats()["completed"] == 6
+    assert engine.mean_batch > 1.5, engine.mean_batch  # steps carried several requests
 
 
 def test_parallel_slots_batch_every_request_into_shared_steps(start_server: Callable[..., Server]) -> None:

@@ -1,0 +1,165 @@
+"""The thread of a continuous-batching engine: the slots' waiting pieces, run together a step at a time.
+
+Slots (one per sequence) hand pieces of their forwards to `run` from their own threads and wait for the
+answer; the loop thread takes what waits (`select`: at most one prompt chunk a step, see devices/batch.py)
+and gives it to the engine's `_step`. After a step it waits up to `linger` for the slots that were in it (each
+samples its next token meanwhile), so steady decoding stays in one batch instead of splitting into
+alternating halves; a slot that does not come back (its generation ended) stops being waited for. What the
+step runs (a packed graph, a native multi-sequence batch) is the engine's: devices/batch.py,
+devices/llamacpp_batch.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
+
+from edge.errors import DeviceError
+
+__all__ = ["LINGER_S", "StepLoop", "select"]
+
+LINGER_S = 0.01  # how long a step waits for the slots of the last one (a sampling step takes ~1-5 ms)
+
+
+class Piece(Protocol):
+    """One slot's share of a step, as the loop sees it."""
+
+    slot: Any
+    chunk: bool  # a prompt chunk: at most one rides in a step
+    urgent: bool  # a short prompt's piece, or not the first piece of its forward (select)
+    done: threading.Event
+    out: Any
+    error: BaseException | None
+
+
+P = TypeVar("P", bound=Piece)
+
+
+class StepLoop:
+    """Slots opened, pieces waiting, and the thread that runs them (see the module docstring). Counts what
+    it ran for /health and tests (`BatchStats`)."""
+
+    def __init__(self, *, linger: float = LINGER_S, name: str = "edge-batch-engine") -> None:
+        self.linger = linger
+        self._cond = threading.Condition()
+        self._waiting: list[Any] = []
+        self._expected: set[int] = set()  # slots (ids) of the last step, waited for up to `linger`
+        self._open = 0
+        self._closed = False
+        self.steps = 0  # runs made, and the pieces and tokens they carried (for /health and tests)
+        self.pieces = 0
+        self.tokens = 0
+        # runs that carried a many-token piece (a prompt chunk, a verify) beside other slots' one-token steps
+        self.mixed_steps = 0
+        self.prefill_runs = 0  # runs of a phase split's prefill half (devices/batch.py)
+        self._rested = 3  # steps without a prompt chunk since the last one that carried one
+        self._made = 0  # slots made: each slot's index
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _open_slot(self) -> int:
+        """Count a new slot open; its index (the order packed runs keep)."""
+        with self._cond:
+            if self._closed:
+                raise DeviceError("the batch engine is closed", hint="load the model again")
+            self._open += 1
+            self._made += 1
+            return self._made
+
+    # -- what slots call -------------------------------------------------------------------------------
+    def run(self, piece: P) -> Any:
+        with self._cond:
+            if self._closed:
+                raise DeviceError("the batch engine is closed", hint="load the model again")
+            self._waiting.append(piece)
+            self._cond.notify_all()
+        piece.done.wait()
+        if piece.error is not None:
+            raise piece.error
+        assert piece.out is not None
+        return piece.out
+
+    def _release_slot(self) -> bool:
+        """A slot closed; True for the last one, once the thread has stopped (the engine then frees what it
+        shares)."""
+        with self._cond:
+            self._open -= 1
+            last = self._open == 0
+            if last:
+                self._closed = True
+                self._cond.notify_all()
+        if last:
+            self._thread.join()
+        return last
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def mean_batch(self) -> float:
+        return self.pieces / self.steps if self.steps else 0.0
+
+    # -- the thread ------------------------------------------------------------------------------------
+    def _step(self, batch: list[Any]) -> None:
+        """Run one step's pieces: each gets its `out` or `error`, and its `done` set."""
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                batch = self._gather()
+                if batch is None:
+                    return
+                self._step(batch)
+        finally:  # however the thread ends, nobody waits for it: the pieces still waiting fail
+            with self._cond:
+                self._closed, waiting, self._waiting = True, self._waiting, []
+            for p in waiting:
+                p.error = DeviceError("the batch engine stopped", hint="load the model again")
+                p.done.set()
+
+    def _gather(self) -> list[Any] | None:
+        """The pieces of the next step: wait for one, then up to `linger` for the last step's slots."""
+        with self._cond:
+            while not self._waiting and not self._closed:
+                self._cond.wait()
+            if self._closed and not self._waiting:
+                return None
+            deadline = time.monotonic() + self.linger
+            while not self._closed and not self._expected <= {id(p.slot) for p in self._waiting}:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            batch, self._rested = select(self._waiting, self._rested)
+            self._waiting = [p for p in self._waiting if p not in batch]
+            self._expected = {id(p.slot) for p in batch}
+            return batch
+
+
+class _Waiting(Protocol):
+    chunk: bool
+    urgent: bool
+
+
+W = TypeVar("W", bound=_Waiting)
+
+
+def select(waiting: Sequence[W], rested: int) -> tuple[list[W], int]:
+    """The pieces of the next step, in arrival order, and the next call's `rested` (steps without a prompt
+    chunk since the last one that carried one). One chunk a step; while other pieces wait, none right after a
+    chunk's step, nor for two steps more while an urgent piece waits (devices/batch.py's docstring)."""
+    others = [p for p in waiting if not p.chunk]
+    urgent = any(p.urgent for p in others)
+    allowed = not others or rested >= 3 or (rested >= 1 and not urgent)
+    batch, took = [], False
+    for p in waiting:
+        if p.chunk:
+            if took or not allowed:
+                continue
+            took = True
+        batch.append(p)
+    return batch, 0 if took else rested + 1
