@@ -11,12 +11,17 @@ Which half runs a forward depends on its length only: more than `threshold` toke
 staged window carries) is a prompt, every chunk of it on the prefill half (its last, shorter chunk too); the
 rest (decode steps, speculative verifies, a short follow-up turn) run on the decode half, whose staging the
 split keeps (`staged`: RingDecoder.forward cuts short forwards at window ends).
+
+The prefill half may have static shapes (an NPU's: `--plan prefill=openvino:npu,...`, `--emulate` for the
+NPU-shaped graphs compiled on the CPU): a PartitionedDecoder whose fixed-width prefill graph binds every KV
+slot. It then runs a prompt itself, in its own chunks (padded to its width), on the split's ring, which it is
+handed for the forward; the decode half is built with that ring's capacity.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +29,7 @@ import numpy as np
 from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.batch import BatchEngine
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions, check_slots_fit
+from edge.devices.partitioned import PartitionedDecoder
 from edge.devices.precision import BF16, HALF_PRECISIONS
 from edge.devices.ring_decoder import RingDecoder
 from edge.errors import DeviceError, PlanError
@@ -123,8 +129,12 @@ def parse_phase_plan(text: str, precision: str) -> PhasePlan:
     return PhasePlan(halves["prefill"], halves["decode"], precision)
 
 
-def _check_geometry(prefill: GraphDecoder, decode: GraphDecoder) -> None:
-    """Both halves must read and write the same KV: the same layers, KV heads, head size, layer kinds and slots."""
+Half = GraphDecoder | PartitionedDecoder  # a static-shape prefill half is a PartitionedDecoder
+
+
+def _check_geometry(prefill: Half, decode: Half) -> None:
+    """Both halves must read and write the same KV: the same layers, KV heads, head size, layer kinds and
+    slots (each layer's capacity and window)."""
     a, b = prefill.cfg, decode.cfg
     pairs = {
         "layers": (a.n_layer, b.n_layer),
@@ -132,7 +142,10 @@ def _check_geometry(prefill: GraphDecoder, decode: GraphDecoder) -> None:
         "head size": (a.head_dim, b.head_dim),
         "vocabulary": (a.n_vocab, b.n_vocab),
         "layer kinds": (prefill._kinds, decode._kinds),
-        "KV slots": (prefill.options.capacity, decode.options.capacity),
+        "KV slots": (
+            [(x.capacity, x.window) for x in prefill._specs],
+            [(x.capacity, x.window) for x in decode._specs],
+        ),
     }
     differ = [f"{k} {x} vs {y}" for k, (x, y) in pairs.items() if x != y]
     if differ:
@@ -140,8 +153,13 @@ def _check_geometry(prefill: GraphDecoder, decode: GraphDecoder) -> None:
             f"the phase halves do not share a KV geometry ({'; '.join(differ)})",
             hint="both halves must run the same model file with the same context size",
         )
-    if prefill.options.static_shapes or decode.options.static_shapes:
-        raise PlanError("a phase half with static shapes (NPU-shaped) is not in this version of edge")
+    if decode._bind_all:
+        raise PlanError(
+            "a decode half with static shapes (NPU-shaped) is not in this version of edge",
+            hint="name the NPU for the prefill half: --plan prefill=openvino:npu,decode=ort:cpu",
+        )
+    if prefill._bind_all and not isinstance(prefill, PartitionedDecoder):
+        raise PlanError("a static-shape prefill half comes from an NPU-shaped plan (a PartitionedDecoder)")
 
 
 class PhaseSplitDecoder(RingDecoder):
@@ -149,7 +167,7 @@ class PhaseSplitDecoder(RingDecoder):
 
     def __init__(
         self,
-        prefill: GraphDecoder,
+        prefill: Half,
         decode: GraphDecoder,
         *,
         threshold: int = WINDOW,
@@ -166,7 +184,11 @@ class PhaseSplitDecoder(RingDecoder):
         self.device = "+".join(dict.fromkeys((prefill.device, decode.device)))
         self.staged = decode.staged  # short forwards are the decode half's, cut at its windows
         self.first_run_costs = prefill.first_run_costs or decode.first_run_costs
-        self._init_ring_of(decode.cfg, decode.options)  # static-shape halves are refused (_check_geometry)
+        self._init_ring_of(decode.cfg, decode.options)  # a static decode half is refused (_check_geometry)
+        # a static prefill half runs prompts itself on this ring (_forward_static); its own is dropped
+        self._static = prefill if isinstance(prefill, PartitionedDecoder) and prefill._bind_all else None
+        if self._static is not None:
+            self._static.cache = self.cache
         self._long = False  # the forward being run goes to the prefill half
         self.seconds = [0.0, 0.0]  # graph time of each half since load (prefill, decode)
         self._batched = False  # split into slots (`slots`): the batch engine runs both graphs from then on
@@ -174,7 +196,27 @@ class PhaseSplitDecoder(RingDecoder):
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         # NOTE: the whole forward's length picks the half, so a prompt's last, short chunk stays on it
         self._long = len(tokens) > self._threshold
+        if self._long and self._static is not None:
+            return self._forward_static(self._static, tokens, last_only)
         return super().forward(tokens, last_only=last_only)
+
+    @property
+    def max_sink(self) -> int:
+        """As RingDecoder's; with a static prefill half, one of its padded chunks must still fit beside them."""
+        own = super().max_sink
+        return own if self._static is None else min(own, self._static.max_sink)
+
+    def _forward_static(self, half: PartitionedDecoder, tokens: Sequence[int], last_only: bool) -> np.ndarray:
+        """A prompt on the static prefill half: its chunking (its graph's width, padded), this split's ring."""
+        if self._batched:
+            raise DeviceError("this decoder was split into slots; use the slots", hint="see Model.slots")
+        with self._lock:
+            half.cache = self.cache  # set_sink may have replaced the ring since the last prompt
+            t0 = time.perf_counter()
+            try:
+                return half.forward(tokens, last_only=last_only)
+            finally:
+                self.seconds[0] += time.perf_counter() - t0
 
     def _step(
         self, ids: Sequence[int], last_only: bool, *, window: bool = False, score: bool = True
@@ -232,19 +274,28 @@ class PhaseSplitDecoder(RingDecoder):
 
 
 def open_phase_split(
-    gguf: GGUFFile, plan: PhasePlan, *, capacity: int, threads: int | None = None
+    gguf: GGUFFile,
+    plan: PhasePlan,
+    *,
+    capacity: int,
+    threads: int | None = None,
+    static_prefill: Callable[[], PartitionedDecoder] | None = None,
 ) -> PhaseSplitDecoder:
-    """Both halves of `plan` on the file (each builds or reuses its cached graph), as one decoder."""
+    """Both halves of `plan` on the file (each builds or reuses its cached graph), as one decoder.
+    `static_prefill`: opens the prefill half as an NPU-shaped plan (devices/planned.py); the decode half then
+    takes its ring's capacity."""
 
-    def half(h: PhaseHalf) -> GraphDecoder:
+    def half(h: PhaseHalf, slots: int) -> GraphDecoder:
         opts = GraphOptions(
-            backend=h.backend, device=h.device, capacity=capacity, threads=threads, precision=h.precision
+            backend=h.backend, device=h.device, capacity=slots, threads=threads, precision=h.precision
         )
         return GraphDecoder(gguf, opts)
 
-    prefill = half(plan.prefill)
+    prefill: Half = static_prefill() if static_prefill is not None else half(plan.prefill, capacity)
+    if static_prefill is not None:  # the static graph's global layers hold this many slots
+        capacity = max((s.capacity for s in prefill._specs if s.window is None), default=capacity)
     try:
-        decode = half(plan.decode)
+        decode = half(plan.decode, capacity)
     except BaseException:
         prefill.close()
         raise

@@ -22,7 +22,7 @@ from edge.devices.base import Decoder
 from edge.devices.llamacpp import INSTALL_LLAMACPP
 from edge.devices.memory import MemoryEstimate, check_fits
 from edge.devices.partitioned import PartitionedDecoder, PartitionedOptions, open_artifact_decoder
-from edge.devices.phase_split import open_phase_split, parse_phase_plan
+from edge.devices.phase_split import PhaseHalf, open_phase_split, parse_phase_plan
 from edge.devices.placement import Placement
 from edge.devices.planner import (
     PREFERRED_BACKENDS,
@@ -287,16 +287,24 @@ def _open_phases(
 
     assert request.phases is not None
     split = parse_phase_plan(request.phases, options.precision)
-    if request.backend not in (None, AUTO) or request.device != "cpu" or request.emulate:
+    if request.backend not in (None, AUTO) or request.device != "cpu":
         raise PlanError(
-            "--plan names each phase's backend and device; it takes no --backend, --device or --emulate",
+            "--plan names each phase's backend and device; it takes no --backend or --device",
             hint="drop --backend and --device: the plan names each half's",
+        )
+    if request.emulate and (split.prefill.device != "npu" or split.decode.device == "npu"):
+        raise PlanError(
+            "--emulate with --plan emulates an NPU prefill half only",
+            hint="e.g. --plan prefill=openvino:npu,decode=ort:cpu --emulate",
         )
     if model.artifact is not None:
         raise PlanError(f"{model.path.name} is an edge convert artifact; a phase split runs a GGUF")
     allow = request.fallback is not None
     halves, fallbacks = [], []
     for phase, half in (("prefill", split.prefill), ("decode", split.decode)):
+        if phase == "prefill" and request.emulate:  # the NPU-shaped graphs on the CPU: nothing to discover
+            halves.append(half)
+            continue
         where = place(discover((half.backend,)), backend=half.backend, device=half.device, fallback=allow)
         halves.append(replace(half, device=where.device))
         if where.fallback:
@@ -315,10 +323,39 @@ def _open_phases(
     where = Placement(split.backend, split.device, said, auto=auto)
 
     def open_split() -> tuple[Decoder, Placement]:
-        dec = open_phase_split(model.gguf, split, capacity=options.n_ctx, threads=options.threads)
+        static = None
+        if (
+            split.prefill.device == "npu"
+        ):  # an NPU takes static shapes: the prefill half is an NPU-shaped plan
+            static = lambda: _npu_half(model, split.prefill, options, request.emulate)  # noqa: E731
+        dec = open_phase_split(
+            model.gguf, split, capacity=options.n_ctx, threads=options.threads, static_prefill=static
+        )
         return dec, where
 
     return Opening(where, None, open_split)
+
+
+def _npu_half(
+    model: CheckedModel, half: PhaseHalf, options: PlannedOptions, emulate: bool
+) -> PartitionedDecoder:
+    """A phase split's prefill half on an NPU (or emulated: OpenVINO's CPU running the NPU-shaped graphs): the
+    whole model as one static-shape partition, as `--device npu [--emulate]` plans it."""
+    from edge.devices.discovery import discover
+    from edge.devices.probe import device_profiles
+
+    profiles = device_profiles(discover(), emulate_npu=emulate)
+    if emulate:  # the emulated NPU only, even where a real one exists
+        profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
+    opts = replace(options, precision=half.precision, parallel=1)
+    dopts = DecoderOptions(n_ctx=opts.n_ctx, n_threads=opts.threads, precision=opts.precision)
+    request = DeviceRequest(backend=half.backend, device="npu", emulate=emulate)
+    target = [Target("npu", half.backend)]
+    dec, _ = _open_plan(model, request, opts, "single", target, profiles, dopts, None).open()
+    if not isinstance(dec, PartitionedDecoder) or not dec.static:
+        dec.close()
+        raise PlanError(f"the NPU half of the split planned as {dec.backend}:{dec.device}, not static shapes")
+    return dec
 
 
 def _open_single(

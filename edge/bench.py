@@ -234,7 +234,9 @@ def _open(entry: str, model: CheckedModel, cfg: BenchConfig) -> Decoder:
         from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested
 
         if is_phase_plan(entry):  # prefill=...,decode=...: the model split by phase
-            request = DeviceRequest(phases=entry)
+            # prefill=openvino:npu-emulated,...: the NPU-shaped prefill half on the CPU (--emulate's)
+            emulated = entry.replace(":npu-emulated", ":npu")
+            request = DeviceRequest(phases=emulated, emulate=emulated != entry)
         else:
             emulate = entry == "npu-emulated"
             request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)

@@ -29,7 +29,8 @@ DRAFT_HELP = (
 PHASE_PLAN_HELP = (
     "split the model by phase: prefill=BACKEND:DEVICE[:PRECISION],decode=BACKEND:DEVICE[:PRECISION] (e.g. "
     "prefill=openvino:cpu:bf16,decode=ort:cpu: prompts in bf16 on the CPU's matrix engine, tokens on ORT's "
-    "int8 path, one KV cache); PRECISION fast | exact | bf16 (openvino:cpu only), default --precision"
+    "int8 path, one KV cache); PRECISION fast | exact | bf16 (openvino:cpu only), default --precision; "
+    "prefill=openvino:npu: prompts on the NPU-shaped graphs (--emulate: compiled on the CPU)"
 )
 
 

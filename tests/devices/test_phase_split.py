@@ -184,3 +184,48 @@ def test_bench_refuses_a_bad_phase_plan_up_front() -> None:
     with pytest.raises(PlanError):
         BenchConfig(backends=("ort",), plans=("prefill=ort:cpu",))
     BenchConfig(backends=("ort",), plans=("prefill=openvino:cpu:bf16,decode=ort:cpu", "npu-emulated"))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_an_emulated_npu_prefill_half_decodes_as_the_decode_half_alone(
+    files: dict[str, Path], name: str
+) -> None:
+    """`--plan prefill=openvino:npu,decode=ort:cpu --emulate`: prompts on the NPU-shaped static graphs (OpenVINO
+    on the CPU, an 8-token prefill graph over 64 slots: prompts padded and cut at its width, the ring wrapping),
+    tokens on ORT's graph, one ring: at exact, as ORT alone."""
+    plan = "prefill=openvino:npu,decode=ort:cpu"
+    opts = PlannedOptions(n_ctx=64, threads=1, precision="exact", prefill_chunk=8, static_capacity=64)
+    dec, placement, _ = open_requested(files[name], DeviceRequest(phases=plan, emulate=True), opts)
+    alone = GraphDecoder(
+        open_gguf(files[name]), GraphOptions(backend="ort", precision="exact", capacity=64, threads=1)
+    )
+    try:
+        assert isinstance(dec, PhaseSplitDecoder) and placement.device == "npu+cpu"
+        phases = dec.capabilities().phases
+        assert phases is not None and phases.prefill == "openvino:npu:exact"
+        assert dec.capabilities().batching is None  # the static half runs one sequence
+        for plan_ in PLANS_MORE:
+            dec.reset()
+            alone.reset()
+            tokens, rows = _run_plan(dec, plan_)
+            want, want_rows = _run_plan(alone, plan_)
+            assert tokens == want
+            np.testing.assert_allclose(np.stack(rows), np.stack(want_rows), atol=ATOL)
+        assert dec.seconds[0] > 0 and dec.seconds[1] > 0
+        sink = dec.max_sink  # (gemma3's 3 layers are all windowed: no sink beyond the default)
+        assert sink == min(32, 64 - 8) if name == "llama-q4_1" else sink == 4
+        if sink > 4:
+            assert dec.set_sink(sink)  # a new ring: the NPU half's next prompt is written to it
+            dec.forward(_prompt(40, 9))
+            assert dec.position == 40 and dec.kv_fill().sink == sink
+    finally:
+        dec.close()
+        alone.close()
+
+
+def test_emulate_with_a_plan_needs_an_npu_prefill_half(files: dict[str, Path]) -> None:
+    for plan in ("prefill=openvino:cpu,decode=ort:cpu", "prefill=openvino:npu,decode=openvino:npu"):
+        with pytest.raises(PlanError, match="emulates an NPU prefill half"):
+            resolve_request(
+                files["llama-q4_1"], DeviceRequest(phases=plan, emulate=True), PlannedOptions(n_ctx=64)
+            )
