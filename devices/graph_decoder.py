@@ -21,10 +21,11 @@ from edge.devices.base import Capabilities, Decoder
 from edge.devices.batch import batched
 from edge.devices.invariance import rows_invariant
 from edge.devices.mapped import drop_mapped_pages, mapped_sources, release_heap
+from edge.devices.memory import check_slots_fit
 from edge.devices.precision import BF16, check_precision, graph_precision
 from edge.devices.ring_decoder import SLOT_GRAIN, RingDecoder
 from edge.devices.runners import Runner, RunnerOptions, graph_runner
-from edge.errors import DeviceError, InsufficientMemoryError, ModelFormatError
+from edge.errors import DeviceError, ModelFormatError
 from edge.kvcache import StepView
 from edge.kvcache.staging import WINDOW, staged_feeds
 from edge.models.arch import ArchConfig, check_tensor_shapes
@@ -200,21 +201,6 @@ def _build_into(
     for name in ("build.onnx", "build.onnx.data", "passes.data"):
         (folder / name).unlink(missing_ok=True)
     step()
-
-
-def check_slots_fit(n: int, kv_bytes: int) -> None:
-    """n slots hold n KV caches where the load sized one (its own, freed for them): the n - 1 more must fit."""
-    import psutil
-
-    more, free = (n - 1) * kv_bytes, psutil.virtual_memory().available
-    if more > free:
-        raise InsufficientMemoryError(
-            f"{n} slots need {n} KV caches of {kv_bytes >> 20} MiB: {more >> 20} MiB more than the model's "
-            f"first, and {free >> 20} MiB is available",
-            needed=more,
-            available=free,
-            hint="fewer slots (--parallel), or a smaller --ctx-size",
-        )
 
 
 def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
-from edge.devices.llamacpp_batch import LlamaCppBatch, Native
+from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches
 from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
 from edge.models.checked import CheckedModel, as_checked
 
@@ -130,6 +130,7 @@ class LlamaCppDecoder:
         self.n_ctx: int = self._llama.n_ctx()
         self.n_batch = opts.n_batch
         self.position = 0
+        self._batches = batches(llama_cpp, self._llama._model.model)  # a recurrent model's state: no slots
 
     def _check_open(self) -> None:
         # NOTE: llama.cpp's context is freed by close(); touching it afterwards is a segfault, not an error
@@ -190,7 +191,7 @@ class LlamaCppDecoder:
 
     def capabilities(self) -> Capabilities:
         # seq_rm removes any suffix of the cache; a linear cache has no sinks and one whole model
-        return Capabilities(max_rollback=None, batching=self)
+        return Capabilities(max_rollback=None, batching=self if self._batches else None)
 
     def slots(self, n: int) -> list[Decoder]:
         """`Batching`: n sequences on this model, decoded in one native batch a step

@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
+from edge.devices.memory import check_slots_fit
 from edge.devices.step_loop import StepLoop
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache.staging import WINDOW
 
-__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native"]
+__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "kv_bytes"]
 
 CHUNK = 256  # the most prompt tokens a slot's piece carries (one chunk rides in a step)
 CUTS_KEPT = 64  # a slot's recent KV cuts (rollbacks, resets, copies into it) a prefix copy checks against
@@ -64,6 +65,19 @@ class _Piece:
         return len(self.tokens) > WINDOW
 
 
+def kv_bytes(lib: ModuleType, model: Any, n_ctx: int) -> int:
+    """One sequence's KV of n_ctx cells in llama.cpp's default f16 K and V."""
+    n_head = max(1, lib.llama_model_n_head(model))
+    head_dim = lib.llama_model_n_embd(model) // n_head
+    return n_ctx * lib.llama_model_n_layer(model) * 2 * lib.llama_model_n_head_kv(model) * head_dim * 2
+
+
+def batches(lib: ModuleType, model: Any) -> bool:
+    """Whether llama.cpp's slots can run this model: a transformer's KV, whose cells a slot removes and
+    shares by position (a recurrent or hybrid model's state cannot be cut at a position)."""
+    return not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
+
+
 class LlamaCppBatch(StepLoop):
     """The n-sequence llama.cpp context, and the steps decoded on it (see the module docstring)."""
 
@@ -79,8 +93,10 @@ class LlamaCppBatch(StepLoop):
             True  # one pool of cells: a sequence takes what it uses, a copied prefix is shared
         )
         params.n_batch = params.n_ubatch = max(native.n_batch, CHUNK + n * (WINDOW + 1))
+        self.n_batch = int(params.n_batch)
         from llama_cpp import _internals
 
+        check_slots_fit(n, kv_bytes(lib, llama._model.model, native.n_ctx))  # before the one it has goes
         llama._ctx.close()  # the one-sequence context's KV is not used again
         try:
             self._ctx = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
@@ -108,18 +124,30 @@ class LlamaCppBatch(StepLoop):
 
     def remove(self, seq: int, start: int) -> None:
         """Drop a sequence's cells from `start` on (-1: all). Caller holds native_lock."""
-        self.native.lib.llama_memory_seq_rm(self._memory, seq, start, -1)
+        if not self.native.lib.llama_memory_seq_rm(self._memory, seq, start, -1):
+            raise DeviceError(
+                f"llama.cpp could not remove sequence {seq}'s cells from position {start}",
+                hint="reset() and retry, or load the model again",
+            )
 
-    def share(self, src: int, dst: int, n: int) -> None:
-        """dst's cells emptied, then src's first n shared with it. Caller holds native_lock."""
-        self.native.lib.llama_memory_seq_rm(self._memory, dst, -1, -1)
-        self.native.lib.llama_memory_seq_cp(self._memory, src, dst, 0, n)
+    def share(self, src: int, dst: int, n: int) -> bool:
+        """dst's cells emptied, then src's first n shared with it; False (dst empty) where dst does not hold
+        exactly positions 0..n-1 afterwards. Caller holds native_lock."""
+        lib, mem = self.native.lib, self._memory
+        self.remove(dst, -1)
+        lib.llama_memory_seq_cp(mem, src, dst, 0, n)
+        if lib.llama_memory_seq_pos_min(mem, dst) == 0 and lib.llama_memory_seq_pos_max(mem, dst) == n - 1:
+            return True
+        self.remove(dst, -1)
+        return False
 
     # -- the loop's thread -----------------------------------------------------------------------------
     def _step(self, batch: list[Any]) -> None:
         self.mixed_steps += len({len(p.tokens) > 1 for p in batch}) == 2
         try:
             with self.native_lock:
+                if any(p.slot.closed for p in batch):  # closed by another thread meanwhile: its KV is gone
+                    raise DeviceError("a slot of this step was closed", hint="load the model again")
                 outs = self._decode(batch)
         except BaseException as exc:  # every slot of the step gets it; the loop goes on
             for p in batch:
@@ -135,6 +163,9 @@ class LlamaCppBatch(StepLoop):
 
     def _decode(self, pieces: list[_Piece]) -> list[np.ndarray]:
         lib, b = self.native.lib, self._batch.batch
+        total = sum(len(p.tokens) for p in pieces)
+        if total > self.n_batch:  # one chunk and one short piece a slot fit by construction: never past it
+            raise DeviceError(f"a step of {total} tokens exceeds llama.cpp's batch of {self.n_batch}")
         wanted: list[list[int]] = []
         i = 0
         for p in pieces:
@@ -189,6 +220,10 @@ class LlamaCppSlot:
     @property
     def engine(self) -> LlamaCppBatch:
         return self._engine
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -278,8 +313,10 @@ class LlamaCppSlot:
         with self._engine.native_lock:
             if self._closed or other._closed or not self._untouched(other, serial, n):
                 return 0
-            self._engine.share(other.seq, self.seq, n)
+            shared = self._engine.share(other.seq, self.seq, n)
             self._mark_cut(0)
+            if not shared:
+                return 0
             self.position = n
             if adopt is not None:  # before another slot may copy from this one (it checks this cut)
                 adopt(n)
@@ -292,9 +329,9 @@ class LlamaCppSlot:
         return all(low >= n for s, low in other._cuts if s > serial)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        with self._engine.native_lock:
-            self._engine.remove(self.seq, -1)
+        with self._engine.native_lock:  # checked and set at once: a second close releases nothing
+            if self._closed:
+                return
             self._closed = True
+            self._engine.remove(self.seq, -1)
         self._engine.release()

@@ -107,3 +107,18 @@ def check_fits(
         available=free,
         hint="close other programs, lower --ctx-size, or use a smaller (more quantized) model",
     )
+
+
+def check_slots_fit(n: int, kv_bytes: int) -> None:
+    """n slots hold n KV caches where the load sized one (its own, freed for them): the n - 1 more must fit."""
+    import psutil
+
+    more, free = (n - 1) * kv_bytes, psutil.virtual_memory().available
+    if more > free:
+        raise InsufficientMemoryError(
+            f"{n} slots need {n} KV caches of {kv_bytes >> 20} MiB: {more >> 20} MiB more than the model's "
+            f"first, and {free >> 20} MiB is available",
+            needed=more,
+            available=free,
+            hint="fewer slots (--parallel), or a smaller --ctx-size",
+        )

@@ -28,7 +28,8 @@ import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.batch import BatchEngine
-from edge.devices.graph_decoder import GraphDecoder, GraphOptions, check_slots_fit
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.memory import check_slots_fit
 from edge.devices.partitioned import PartitionedDecoder
 from edge.devices.precision import BF16, HALF_PRECISIONS
 from edge.devices.ring_decoder import RingDecoder
@@ -258,6 +259,10 @@ class PhaseSplitDecoder(RingDecoder):
         Once: this decoder no longer steps on its own, and its own KV is freed."""
         if self._batched:
             raise DeviceError("this decoder was split into slots already", hint="load the model again")
+        if self._static is not None:
+            raise DeviceError(
+                "a static-shape (NPU) prefill half runs one sequence", hint="serve it with replicas"
+            )
         check_slots_fit(n, self.cache.nbytes)
         prefill, decode = self._halves
         engine = BatchEngine(decode, prefill=prefill, phases=self._phases, backend=self.backend)

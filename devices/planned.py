@@ -310,7 +310,9 @@ def _open_phases(
         if where.fallback:
             fallbacks.append(f"{phase} {where.fallback}")
     split = replace(split, prefill=halves[0], decode=halves[1])
-    estimates = [estimate_memory(h.backend, model, options.n_ctx) for h in halves]
+    # an NPU half's static graphs hold min(n_ctx, static_capacity) slots, and the split's ring with them
+    ctx = min(options.n_ctx, options.static_capacity) if split.prefill.device == "npu" else options.n_ctx
+    estimates = [estimate_memory(h.backend, model, ctx) for h in halves]
     if all(e is not None for e in estimates):
         a, b = estimates
         assert a is not None and b is not None
@@ -318,7 +320,7 @@ def _open_phases(
         # one per slot when it serves parallel sequences
         kv = a.kv_cache * max(1, options.parallel)
         need = MemoryEstimate(a.weights + b.weights, kv, a.scratch + b.scratch, a.kv_dtype)
-        check_fits(need, model.path.name, split.backend, options.n_ctx, options.available_memory)
+        check_fits(need, model.path.name, split.backend, ctx, options.available_memory)
     said = "; ".join(f for f in (fallback, *fallbacks) if f) or None
     where = Placement(split.backend, split.device, said, auto=auto)
 

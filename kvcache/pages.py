@@ -10,6 +10,7 @@ not show in the step time: docs/performance.md).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 
@@ -27,5 +28,7 @@ def small_page_zeros(shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
     if _ADVICE is None or size < mmap.PAGESIZE:
         return np.zeros(shape, dt)
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buf.madvise(_ADVICE)
+    # a kernel built without transparent huge pages refuses the advice (EINVAL): its pages are small anyway
+    with contextlib.suppress(OSError):
+        buf.madvise(_ADVICE)
     return np.frombuffer(buf, dt).reshape(shape)

@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> None:
         type=int,
         default=1,
         help="requests served at once per model: N slots of one model, their tokens in one forward a step "
-        "(one copy of the weights; with a draft model: N replicas)",
+        "(one copy of the weights); N replicas with a draft model or where the backend runs one sequence",
     )
     srv.add_argument(
         "--queue", type=int, default=32, help="requests waiting per model before 429 (default 32)"

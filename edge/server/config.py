@@ -60,7 +60,8 @@ class ServerConfig:
     models_max: int = (
         1  # models held at once; above the ones named at start, pulled catalog models load on demand
     )
-    # requests per model run at once: slots of one batched model (replicas with a draft model)
+    # requests per model run at once: slots of one batched model (replicas with a draft model, or where the
+    # backend runs one sequence: a static NPU prefill half)
     parallel: int = 1
     load: LoadSettings = field(default_factory=LoadSettings)
     limits: Limits = field(default_factory=Limits)

@@ -41,6 +41,7 @@ def slots(model_file: Path) -> Iterator[list[LlamaCppSlot]]:
     assert batching is not None, "llama.cpp declares batching"
     made = batching.slots(3)
     assert all(isinstance(s, LlamaCppSlot) for s in made)
+    made[0].engine.linger = 0.2  # type: ignore[attr-defined]  # a loaded CI machine: the steps still pack
     yield made  # type: ignore[misc]
     for s in made:
         s.close()
@@ -157,6 +158,39 @@ def test_bad_input_fails_one_slot_only(model_file: Path, slots: list[LlamaCppSlo
     assert b.position == 0
     row = a.forward([5])[-1]
     np.testing.assert_allclose(row, _alone(model_file, [*PROMPTS[0], 5], [0])[-1], rtol=1e-3, atol=1e-3)
+
+
+def test_a_failed_decode_fails_the_step_and_leaves_each_kv_as_before(
+    model_file: Path, slots: list[LlamaCppSlot], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import llama_cpp
+
+    a, b, _ = slots
+    a.forward(PROMPTS[0])
+    real = llama_cpp.llama_decode
+    monkeypatch.setattr(llama_cpp, "llama_decode", lambda ctx, batch: 1)  # llama.cpp found no free cells
+    with pytest.raises(DeviceError, match="llama_decode returned 1"):
+        a.forward([5, 6])
+    with pytest.raises(DeviceError):
+        b.forward(PROMPTS[1])
+    monkeypatch.setattr(llama_cpp, "llama_decode", real)
+    assert (a.position, b.position) == (len(PROMPTS[0]), 0)
+    row = a.forward([5])[-1]  # the step's cells were removed: a goes on as if it never ran
+    np.testing.assert_allclose(row, _alone(model_file, [*PROMPTS[0], 5], [0])[-1], rtol=1e-3, atol=1e-3)
+    b.forward(PROMPTS[1])
+    assert b.position == len(PROMPTS[1])
+
+
+def test_closing_twice_releases_once(model_file: Path) -> None:
+    batching = _open(model_file).capabilities().batching
+    assert batching is not None
+    a, b = batching.slots(2)
+    a.close()
+    a.close()  # a second close must not count as b's release (which would free the context under b)
+    assert isinstance(b, LlamaCppSlot) and b.engine.alive
+    b.forward(PROMPTS[0])
+    b.close()
+    assert not b.engine.alive
 
 
 def test_the_last_slot_closed_stops_the_engine(model_file: Path) -> None:

@@ -204,6 +204,8 @@ def test_an_emulated_npu_prefill_half_decodes_as_the_decode_half_alone(
         phases = dec.capabilities().phases
         assert phases is not None and phases.prefill == "openvino:npu:exact"
         assert dec.capabilities().batching is None  # the static half runs one sequence
+        with pytest.raises(DeviceError, match="one sequence"):
+            dec.slots(2)
         for plan_ in PLANS_MORE:
             dec.reset()
             alone.reset()
