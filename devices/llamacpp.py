@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
-from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches
-from edge.errors import BackendUnavailableError, ContextOverflowError, DeviceError, ModelFormatError
+from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches, checked_ids
+from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
 from edge.models.checked import CheckedModel, as_checked
 
 INSTALL_LLAMACPP = 'pip install "edge-llm[llamacpp]"'  # an extra: it builds llama.cpp from source
@@ -139,17 +139,7 @@ class LlamaCppDecoder:
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         self._check_open()
-        toks = [int(t) for t in tokens]
-        if not toks:
-            raise ValueError("forward needs at least one token")
-        if self.position + len(toks) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.position} + {len(toks)} tokens exceed the context of {self.n_ctx}",
-                hint="raise --ctx-size or shorten the prompt",
-            )
-        bad = [t for t in toks if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
+        toks = checked_ids(tokens, self.position, self.n_ctx, self.vocab_size)
         with self._lock:
             self._check_open()  # again under the lock: close() may have run meanwhile
             rows: list[np.ndarray] = []

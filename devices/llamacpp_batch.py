@@ -27,7 +27,7 @@ from edge.devices.step_loop import StepLoop
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache.staging import WINDOW
 
-__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "kv_bytes"]
+__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "checked_ids", "kv_bytes"]
 
 CHUNK = 256  # the most prompt tokens a slot's piece carries (one chunk rides in a step)
 CUTS_KEPT = 64  # a slot's recent KV cuts (rollbacks, resets, copies into it) a prefix copy checks against
@@ -63,6 +63,22 @@ class _Piece:
     @property
     def chunk(self) -> bool:
         return len(self.tokens) > WINDOW
+
+
+def checked_ids(tokens: Sequence[int], position: int, n_ctx: int, vocab_size: int) -> list[int]:
+    """A forward's ids as ints, refused before llama.cpp sees them: none, past the context, out of range."""
+    toks = [int(t) for t in tokens]
+    if not toks:
+        raise ValueError("forward needs at least one token")
+    if position + len(toks) > n_ctx:
+        raise ContextOverflowError(
+            f"{position} + {len(toks)} tokens exceed the context of {n_ctx}",
+            hint="raise --ctx-size or shorten the prompt",
+        )
+    bad = [t for t in toks if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token ids out of range 0..{vocab_size - 1}: {bad[:5]}")
+    return toks
 
 
 def kv_bytes(lib: ModuleType, model: Any, n_ctx: int) -> int:
@@ -231,17 +247,7 @@ class LlamaCppSlot:
 
     def forward(self, tokens: Sequence[int], *, last_only: bool = False) -> np.ndarray:
         self._check_open()
-        toks = [int(t) for t in tokens]
-        if not toks:
-            raise ValueError("forward needs at least one token")
-        if self.position + len(toks) > self.n_ctx:
-            raise ContextOverflowError(
-                f"{self.position} + {len(toks)} tokens exceed the context of {self.n_ctx}",
-                hint="raise --ctx-size or shorten the prompt",
-            )
-        bad = [t for t in toks if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"token ids out of range 0..{self.vocab_size - 1}: {bad[:5]}")
+        toks = checked_ids(tokens, self.position, self.n_ctx, self.vocab_size)
         start, rows = self.position, []
         try:
             for k in range(0, len(toks), CHUNK):
