@@ -120,7 +120,12 @@ class ChatApp(App[None]):
     # -- stats bar -------------------------------------------------------------------------------
     def _render_stats(self, live: Live | None = None) -> None:
         text = stats_text(self.info, result=self.last_result, kv=self.kv, live=live, status=self._status)
-        self.query_one(StatsBar).update(text)
+        # NOTE: the main screen's bar, also while a dialog is on top; none while the app shuts down: a
+        # warm-up or load that ends then (its callback comes from its worker) must not raise NoMatches into
+        # the exit (seen in tests/apps/test_tui.py under load)
+        screens = self.screen_stack
+        for bar in screens[0].query(StatsBar) if screens else ():
+            bar.update(text)
 
     def _set_status(self, status: str) -> None:
         self._status = status
