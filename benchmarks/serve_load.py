@@ -534,7 +534,11 @@ def soak(srv: Server, n: int, args: argparse.Namespace) -> dict[str, Any]:
         alone[p] = r.text
     rss_sequential = srv.rss()
     deepest = sorted(SOAK_PROMPTS, key=lambda p: len(p) + len(alone[p]))[-4:]
-    run_clients(8, lambda i: [stream_chat(srv.url, srv.model_id, p, args.max_tokens) for p in deepest])
+    _, warm = run_clients(
+        8, lambda i: [stream_chat(srv.url, srv.model_id, p, args.max_tokens) for p in deepest]
+    )
+    if not all(r.ok for r in warm):
+        raise RuntimeError(f"soak warm round failed: {next(r.error for r in warm if not r.ok)}")
     rss_warm = srv.rss()
     rng = random.Random(args.seed)
     plan = [(rng.choice(SOAK_PROMPTS), rng.randrange(1, args.max_tokens) if rng.random() < 1 / 3 else None)

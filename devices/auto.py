@@ -327,7 +327,7 @@ def choose_backend(
     if batching and own_graph_refusal(path) is None and any(b in GRAPH_BACKENDS for b in have):
         have = [b for b in have if b in GRAPH_BACKENDS]
         choice = _choose(path, precision, threads, have, refused, split)
-        note = "parallel requests: only the own graphs batch them on one copy of the weights"
+        note = "parallel requests: the own graphs' slots served them fastest (docs/performance.md)"
         return replace(choice, note=f"{choice.note}; {note}" if choice.note else note)
     choice = _choose(path, precision, threads, have, refused, split)
     if not refused or choice.backend in refused:

