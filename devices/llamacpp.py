@@ -12,6 +12,7 @@ import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
 from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches, checked_ids
+from edge.devices.memory import check_slots_fit, llamacpp_memory
 from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
 from edge.models.checked import CheckedModel, as_checked
 
@@ -89,7 +90,10 @@ class LlamaCppDecoder:
 
     def __init__(self, model: CheckedModel | str | Path, options: LlamaCppOptions | None = None) -> None:
         opts = options or LlamaCppOptions()
-        path = as_checked(model).source().path  # llama.cpp reads only what edge's checks passed
+        source = as_checked(model).source()
+        path = source.path  # llama.cpp reads only what edge's checks passed
+        # the context's f16 K and V from the file's metadata, as the load's memory check sizes them (slots)
+        self._kv_bytes = llamacpp_memory(source.gguf, opts.n_ctx).kv_cache
         llama_cpp = import_llama_cpp()
         if opts.device not in ("cpu", "gpu"):
             raise DeviceError(f"llamacpp runs on cpu or gpu, not {opts.device!r}", hint="use --device cpu")
@@ -188,9 +192,16 @@ class LlamaCppDecoder:
         (devices/llamacpp_batch.py). This decoder hands its model over: it is closed afterwards."""
         with self._lock:
             self._check_open()
+            check_slots_fit(n, self._kv_bytes)  # refused here, this decoder still runs
             llama, self._llama = self._llama, None
         native = Native(
-            self._lib, llama, self.n_ctx, self.n_batch, self.vocab_size, self.device, close=llama.close
+            self._lib,
+            llama,
+            self.n_ctx,
+            self.n_batch,
+            self.vocab_size,
+            self.device,
+            close=llama.close,
         )
         try:
             engine = LlamaCppBatch(native, n)

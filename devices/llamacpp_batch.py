@@ -12,7 +12,6 @@ one call at a time: the decode (on the loop's thread) and the slots' sequence ed
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,12 +22,11 @@ from typing import Any
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
-from edge.devices.memory import check_slots_fit
 from edge.devices.step_loop import StepLoop
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache.staging import WINDOW
 
-__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "checked_ids", "kv_bytes"]
+__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "checked_ids"]
 
 CHUNK = 256  # the most prompt tokens a slot's piece carries (one chunk rides in a step)
 CUTS_KEPT = 64  # a slot's recent KV cuts (rollbacks, resets, copies into it) a prefix copy checks against
@@ -82,28 +80,6 @@ def checked_ids(tokens: Sequence[int], position: int, n_ctx: int, vocab_size: in
     return toks
 
 
-def _meta_int(lib: ModuleType, model: Any, key: str) -> int | None:
-    buf = ctypes.create_string_buffer(64)
-    if lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf)) < 0:
-        return None
-    try:
-        return int(buf.value.decode())
-    except ValueError:
-        return None
-
-
-def kv_bytes(lib: ModuleType, model: Any, n_ctx: int) -> int:
-    """One sequence's KV of n_ctx cells in llama.cpp's default f16 K and V (the heads' sizes as the file
-    gives them, e.g. gemma3's 256 where n_embd / n_head is 160; a sliding-window cache counted whole)."""
-    arch = ctypes.create_string_buffer(64)
-    lib.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
-    name = arch.value.decode(errors="replace")
-    fallback = lib.llama_model_n_embd(model) // max(1, lib.llama_model_n_head(model))
-    k = _meta_int(lib, model, f"{name}.attention.key_length") or fallback
-    v = _meta_int(lib, model, f"{name}.attention.value_length") or k
-    return n_ctx * lib.llama_model_n_layer(model) * lib.llama_model_n_head_kv(model) * (k + v) * 2
-
-
 def batches(lib: ModuleType, model: Any) -> bool:
     """Whether llama.cpp's slots can run this model: a transformer's KV, whose cells a slot removes and
     shares by position (a recurrent or hybrid model's state cannot be cut at a position)."""
@@ -128,7 +104,6 @@ class LlamaCppBatch(StepLoop):
         self.n_batch = int(params.n_batch)
         from llama_cpp import _internals
 
-        check_slots_fit(n, kv_bytes(lib, llama._model.model, native.n_ctx))  # before the one it has goes
         llama._ctx.close()  # the one-sequence context's KV is not used again
         try:
             self._ctx = _internals.LlamaContext(model=llama._model, params=params, verbose=False)
@@ -175,10 +150,11 @@ class LlamaCppBatch(StepLoop):
 
     # -- the loop's thread -----------------------------------------------------------------------------
     def _step(self, batch: list[Any]) -> None:
-        for p in [p for p in batch if p.slot.closed]:  # closed by another thread meanwhile: it fails alone
-            p.error = DeviceError("this batch slot was closed", hint="load the model again")
-            p.done.set()
-            batch = [q for q in batch if q is not p]
+        for p in batch:  # closed by another thread meanwhile: it fails alone
+            if p.slot.closed:
+                p.error = DeviceError("this batch slot was closed", hint="load the model again")
+                p.done.set()
+        batch = [p for p in batch if not p.slot.closed]
         if not batch:
             return
         self.mixed_steps += len({len(p.tokens) > 1 for p in batch}) == 2
@@ -219,8 +195,8 @@ class LlamaCppBatch(StepLoop):
         b.n_tokens = i
         rc = lib.llama_decode(self._ctx.ctx, b)
         if rc != 0:
-            for p in pieces:  # a half-written step leaves no cells behind
-                self.remove(p.slot.seq, p.start)
+            for p in pieces:  # a half-written step leaves no cells behind (a refusal here: the error below)
+                lib.llama_memory_seq_rm(self._memory, p.slot.seq, p.start, -1)
             raise DeviceError(
                 f"llama_decode returned {rc} for a batch of {i} tokens from {len(pieces)} sequences",
                 hint="reset() and retry, or load the model again with a smaller --parallel",

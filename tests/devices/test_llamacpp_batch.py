@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from edge.devices.base import Decoder
 from edge.devices.llamacpp_batch import CHUNK, LlamaCppSlot
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
-from edge.errors import ContextOverflowError, DeviceError
+from edge.errors import ContextOverflowError, DeviceError, InsufficientMemoryError
 from tests.tiny_models import TinySpec, write_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -191,6 +192,24 @@ def test_closing_twice_releases_once(model_file: Path) -> None:
     b.forward(PROMPTS[0])
     b.close()
     assert not b.engine.alive
+
+
+def test_slots_that_do_not_fit_are_refused_and_the_decoder_runs_on(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psutil
+
+    dec = _open(model_file)
+    try:
+        batching = dec.capabilities().batching
+        assert batching is not None
+        # the machine's answer injected: too little memory for 2 more sequences' KV
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=1 << 10))
+        with pytest.raises(InsufficientMemoryError, match="3 slots need 3 KV caches"):
+            batching.slots(3)
+        assert dec.forward(PROMPTS[0]).shape == (len(PROMPTS[0]), SPEC.n_vocab)
+    finally:
+        dec.close()
 
 
 def test_the_last_slot_closed_stops_the_engine(model_file: Path) -> None:
