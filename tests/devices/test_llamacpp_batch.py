@@ -4,8 +4,8 @@ batch-invariant), cuts and copies stay in their sequence, and bad input fails on
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +16,7 @@ from edge.devices.base import Decoder
 from edge.devices.llamacpp_batch import CHUNK, LlamaCppSlot
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
 from edge.errors import ContextOverflowError, DeviceError, InsufficientMemoryError
+from tests.devices.test_batch import _in_threads
 from tests.tiny_models import TinySpec, write_tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -71,22 +72,8 @@ def _alone(path: Path, prompt: list[int], tokens: list[int]) -> np.ndarray:
 
 
 def _concurrently(slots: list[LlamaCppSlot], work: list) -> list:  # type: ignore[type-arg]
-    out: list = [None] * len(work)  # type: ignore[type-arg]
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            out[i] = work[i](slots[i])
-        except BaseException as exc:  # seen below, not lost with the thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(work))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return out
+    """work[i](slots[i]) for each i, in threads at once (tests/devices/test_batch.py's runner)."""
+    return _in_threads([partial(w, s) for s, w in zip(slots, work, strict=False)])
 
 
 def test_each_slot_decodes_as_alone_in_shared_steps(model_file: Path, slots: list[LlamaCppSlot]) -> None:
