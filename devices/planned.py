@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from edge.devices.auto import AUTO, Choice, choose_backend
@@ -242,8 +243,6 @@ def resolve_request(
     fits: one device keeps the whole model on one backend (with none named, or `auto`, the CPU runs the one
     that measures fastest for this model: devices/auto.py, and the placement says why); `--device auto`,
     `hetero:...` and an emulated NPU go through the planner."""
-    from edge.devices.discovery import discover
-    from edge.devices.probe import device_profiles
 
     model = as_checked(model)
     if request.phases is not None:
@@ -256,9 +255,7 @@ def resolve_request(
     if mode == "single" and not request.emulate:
         return _open_single(model, request, options, targets[0], asked, dopts)
 
-    profiles = device_profiles(discover(), emulate_npu=request.emulate)
-    if request.emulate:  # the emulated NPU only, even where a real one exists
-        profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
+    profiles = _profiles(request.emulate)
     if asked and mode == "auto":
         profiles = [p for p in profiles if p.backend == asked]
     if model.artifact is not None:
@@ -329,7 +326,7 @@ def _open_phases(
         if (
             split.prefill.device == "npu"
         ):  # an NPU takes static shapes: the prefill half is an NPU-shaped plan
-            static = lambda: _npu_half(model, split.prefill, options, request.emulate)  # noqa: E731
+            static = partial(_npu_half, model, split.prefill, options, request.emulate)
         dec = open_phase_split(
             model.gguf, split, capacity=options.n_ctx, threads=options.threads, static_prefill=static
         )
@@ -338,22 +335,26 @@ def _open_phases(
     return Opening(where, None, open_split)
 
 
+def _profiles(emulate: bool) -> list[DeviceProfile]:
+    """The devices the planner places partitions on; with `emulate`, the emulated NPU only, even where a real
+    one exists."""
+    from edge.devices.discovery import discover
+    from edge.devices.probe import device_profiles
+
+    profiles = device_profiles(discover(), emulate_npu=emulate)
+    return [p for p in profiles if p.kind != "npu" or p.emulated] if emulate else profiles
+
+
 def _npu_half(
     model: CheckedModel, half: PhaseHalf, options: PlannedOptions, emulate: bool
 ) -> PartitionedDecoder:
     """A phase split's prefill half on an NPU (or emulated: OpenVINO's CPU running the NPU-shaped graphs): the
     whole model as one static-shape partition, as `--device npu [--emulate]` plans it."""
-    from edge.devices.discovery import discover
-    from edge.devices.probe import device_profiles
-
-    profiles = device_profiles(discover(), emulate_npu=emulate)
-    if emulate:  # the emulated NPU only, even where a real one exists
-        profiles = [p for p in profiles if p.kind != "npu" or p.emulated]
     opts = replace(options, precision=half.precision, parallel=1)
     dopts = DecoderOptions(n_ctx=opts.n_ctx, n_threads=opts.threads, precision=opts.precision)
     request = DeviceRequest(backend=half.backend, device="npu", emulate=emulate)
     target = [Target("npu", half.backend)]
-    dec, _ = _open_plan(model, request, opts, "single", target, profiles, dopts, None).open()
+    dec, _ = _open_plan(model, request, opts, "single", target, _profiles(emulate), dopts, None).open()
     if not isinstance(dec, PartitionedDecoder) or not dec.static:
         dec.close()
         raise PlanError(f"the NPU half of the split planned as {dec.backend}:{dec.device}, not static shapes")
