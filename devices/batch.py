@@ -44,14 +44,14 @@ from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.past_arena import Packed, PastArena
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
-from edge.devices.step_loop import LINGER_S, StepLoop, select
+from edge.devices.step_loop import LINGER_S, StepLoop
 from edge.errors import DeviceError
 from edge.kvcache import RollbackError, StepView
 from edge.kvcache.ring import NEG_INF
 from edge.kvcache.staging import WINDOW
 from edge.models.arch import ArchConfig
 
-__all__ = ["BatchEngine", "SlotDecoder", "pack", "select"]  # select: devices/step_loop.py
+__all__ = ["BatchEngine", "SlotDecoder", "pack"]
 
 COPY_TRIES = 3  # prefix copies a sibling's moving KV voided before this slot prefills the prompt itself
 

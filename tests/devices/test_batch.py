@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from edge.devices.base import Decoder
-from edge.devices.batch import BatchEngine, _Piece, select
+from edge.devices.batch import BatchEngine, _Piece
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.phase_split import PhaseSplitDecoder
+from edge.devices.step_loop import select
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache import RingKVCache
 from edge.kvcache.staging import WINDOW
