@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
-from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches, checked_ids
+from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches, checked_ids, remove_cells
 from edge.devices.memory import check_slots_fit, llamacpp_memory
 from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
+from edge.kvcache import RollbackError
 from edge.models.checked import CheckedModel, as_checked
 
 INSTALL_LLAMACPP = 'pip install "edge-llm[llamacpp]"'  # an extra: it builds llama.cpp from source
@@ -84,7 +85,8 @@ def _loading(llama_cpp: object, extra_bufts: bool) -> Iterator[None]:
 
 
 class LlamaCppDecoder:
-    """`Decoder` on llama.cpp. Rollback removes KV cells through llama.cpp's sequence API."""
+    """`Decoder` on llama.cpp. Rollback removes KV cells through llama.cpp's sequence API; a recurrent or
+    hybrid model's state (Mamba, RWKV, Jamba) cannot be cut at a position: it rolls back only to empty."""
 
     backend = "llamacpp"
 
@@ -126,6 +128,7 @@ class LlamaCppDecoder:
             ) from None
         self._lib = llama_cpp
         self._ctx = self._llama._ctx
+        self._memory = self._ctx.memory
         self._batch = self._llama._batch
         self._lock = threading.Lock()
         self.options = opts
@@ -134,7 +137,8 @@ class LlamaCppDecoder:
         self.n_ctx: int = self._llama.n_ctx()
         self.n_batch = opts.n_batch
         self.position = 0
-        self._batches = batches(llama_cpp, self._llama._model.model)  # a recurrent model's state: no slots
+        # a transformer's KV: cut at any position, shared by slots; a recurrent model's state: neither
+        self._batches = batches(llama_cpp, self._llama._model.model)
 
     def _check_open(self) -> None:
         # NOTE: llama.cpp's context is freed by close(); touching it afterwards is a segfault, not an error
@@ -153,11 +157,7 @@ class LlamaCppDecoder:
                 try:
                     self._ctx.decode(self._batch)
                 except RuntimeError as exc:
-                    self._ctx.kv_cache_seq_rm(-1, self.position, -1)  # drop a half-written batch
-                    raise DeviceError(
-                        f"llamacpp failed on {self.device} at position {self.position}: {exc}",
-                        hint="reset() and retry, or load the model again (on another device)",
-                    ) from exc
+                    raise self._failed(exc) from exc
                 self.position += len(chunk)
                 if not last_only:
                     ptr = self._ctx.get_logits()
@@ -167,6 +167,33 @@ class LlamaCppDecoder:
                 rows.append(np.ctypeslib.as_array(ptr, shape=(1, self.vocab_size)).copy())
             return rows[0] if len(rows) == 1 else np.concatenate(rows, axis=0)
 
+    def _failed(self, exc: RuntimeError) -> DeviceError:
+        """A decode failed: the half-written batch dropped (the whole KV where llama.cpp cannot cut it)."""
+        at = self.position
+        with contextlib.suppress(RollbackError):  # refused: _cut left position matching the KV
+            self._cut(at)
+        lost = "" if self.position == at else f"; the KV could not be cut back to {at} and was emptied"
+        return DeviceError(
+            f"llamacpp failed on {self.device} at position {at}: {exc}{lost}",
+            hint="reset() and retry, or load the model again (on another device)",
+        )
+
+    def _cut(self, start: int) -> None:
+        """Drop the KV from `start` on. Where llama.cpp refuses (RollbackError) the KV is emptied unless it
+        still ends at `position`, so that `position` always counts what the KV holds."""
+        try:
+            remove_cells(self._lib, self._memory, 0, start)
+        except RollbackError as exc:
+            # NOTE: llama.cpp refuses before it changes anything; a decode that failed half-way may have
+            # advanced a recurrent state past `position`, which no cut can undo
+            if self._lib.llama_memory_seq_pos_max(self._memory, 0) == self.position - 1:
+                kept = f"the KV still holds all {self.position} tokens"
+            else:
+                self._lib.llama_memory_clear(self._memory, True)
+                self.position, kept = 0, "the KV was emptied"
+            raise RollbackError(f"{exc}; {kept}") from None
+        self.position = start
+
     def rollback(self, n: int) -> None:
         if not 0 <= n <= self.position:
             raise ValueError(f"cannot roll back {n} tokens with {self.position} in the cache")
@@ -174,8 +201,7 @@ class LlamaCppDecoder:
             return
         with self._lock:
             self._check_open()
-            self.position -= n
-            self._ctx.kv_cache_seq_rm(-1, self.position, -1)
+            self._cut(self.position - n)
 
     def reset(self) -> None:
         with self._lock:
@@ -184,8 +210,10 @@ class LlamaCppDecoder:
             self.position = 0
 
     def capabilities(self) -> Capabilities:
-        # seq_rm removes any suffix of the cache; a linear cache has no sinks and one whole model
-        return Capabilities(max_rollback=None, batching=self if self._batches else None)
+        # seq_rm removes any suffix of a transformer's cache; a recurrent state only wholly (rollback(position)),
+        # so 0 there: nothing drafts on it. No sinks, one whole model
+        rollback = None if self._batches else 0
+        return Capabilities(max_rollback=rollback, batching=self if self._batches else None)
 
     def slots(self, n: int) -> list[Decoder]:
         """`Batching`: n sequences on this model, decoded in one native batch a step

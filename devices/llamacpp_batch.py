@@ -24,9 +24,10 @@ import numpy as np
 from edge.devices.base import Capabilities, Decoder, KVFill
 from edge.devices.step_loop import StepLoop
 from edge.errors import ContextOverflowError, DeviceError
+from edge.kvcache import RollbackError
 from edge.kvcache.staging import WINDOW
 
-__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "checked_ids"]
+__all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "checked_ids", "remove_cells"]
 
 CHUNK = 256  # the most prompt tokens a slot's piece carries (one chunk rides in a step)
 CUTS_KEPT = 64  # a slot's recent KV cuts (rollbacks, resets, copies into it) a prefix copy checks against
@@ -86,6 +87,18 @@ def batches(lib: ModuleType, model: Any) -> bool:
     return not (lib.llama_model_is_recurrent(model) or lib.llama_model_is_hybrid(model))
 
 
+def remove_cells(lib: ModuleType, memory: Any, seq: int, start: int) -> None:
+    """Drop sequence `seq`'s cells from position `start` on (-1: all of them).
+
+    NOTE: llama.cpp's seq_rm returns False, having changed nothing, where it cannot make the cut (a recurrent or
+    hybrid model's state holds no positions to cut at): ignored, the state would silently run on uncut."""
+    if not lib.llama_memory_seq_rm(memory, seq, start, -1):
+        raise RollbackError(
+            f"llama.cpp could not remove sequence {seq}'s cells from position {start} on (a recurrent or "
+            "hybrid model's state cannot be cut at a position): reset() and prefill again"
+        )
+
+
 class LlamaCppBatch(StepLoop):
     """The n-sequence llama.cpp context, and the steps decoded on it (see the module docstring)."""
 
@@ -131,11 +144,7 @@ class LlamaCppBatch(StepLoop):
 
     def remove(self, seq: int, start: int) -> None:
         """Drop a sequence's cells from `start` on (-1: all). Caller holds native_lock."""
-        if not self.native.lib.llama_memory_seq_rm(self._memory, seq, start, -1):
-            raise DeviceError(
-                f"llama.cpp could not remove sequence {seq}'s cells from position {start}",
-                hint="reset() and retry, or load the model again",
-            )
+        remove_cells(self.native.lib, self._memory, seq, start)
 
     def share(self, src: int, dst: int, n: int) -> bool:
         """dst's cells emptied, then src's first n shared with it; False (dst empty) where dst does not hold

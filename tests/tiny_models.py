@@ -169,6 +169,60 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
     return path
 
 
+def write_tiny_mamba(
+    path: str | Path, *, n_layer: int = 2, d: int = 64, d_state: int = 8, seed: int = 0
+) -> Path:
+    """A random Mamba (v1) GGUF: a recurrent model, whose state llama.cpp cannot cut at a position. Not a
+    family of models/archs/ (edge's graphs do not run it); llama.cpp loads it. Shapes as llama.cpp's
+    LLM_ARCH_MAMBA reads them (numpy order: GGUF's reversed)."""
+    rng = np.random.default_rng(seed)
+    d_inner, d_conv, dt_rank, n_vocab = 2 * d, 4, 4, 320
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_context_length(2048)
+    w.add_embedding_length(d)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(0)  # as convert_hf_to_gguf writes a Mamba: no FFN, no attention heads
+    w.add_head_count(0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def lin(name: str, n_out: int, n_in: int) -> None:
+        w.add_tensor(name, rng.normal(0, 1.0 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32))
+
+    lin("token_embd.weight", n_vocab, d)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(d, np.float32))
+        lin(p + "ssm_in.weight", 2 * d_inner, d)
+        lin(p + "ssm_conv1d.weight", d_inner, d_conv)
+        w.add_tensor(p + "ssm_conv1d.bias", np.zeros(d_inner, np.float32))
+        lin(p + "ssm_x.weight", dt_rank + 2 * d_state, d_inner)
+        lin(p + "ssm_dt.weight", d_inner, dt_rank)
+        w.add_tensor(p + "ssm_dt.bias", np.zeros(d_inner, np.float32))
+        # A = -exp(A_log) as the converter stores it: negative, so the state decays
+        w.add_tensor(p + "ssm_a", -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1)))
+        w.add_tensor(p + "ssm_d", np.ones(d_inner, np.float32))
+        lin(p + "ssm_out.weight", d, d_inner)
+    w.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    lin("output.weight", n_vocab, d)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
 def write_qwen2_q4_0(
     path: str | Path, *, d: int, n_layer: int, ff: int, n_head: int, n_head_kv: int, vocab: int, seed: int = 0
 ) -> Path:
