@@ -517,26 +517,31 @@ SOAK_PROMPTS = [
 ]
 
 
+def deepest(refs: dict[str, Request], k: int) -> list[str]:
+    """The k prompts whose answers alone went deepest in the KV: prompt + completion tokens as the server
+    counted them (its usage figures), since depth in the KV is tokens, not characters."""
+    return sorted(refs, key=lambda p: refs[p].prompt_tokens + refs[p].tokens)[-k:]
+
+
 def soak(srv: Server, n: int, args: argparse.Namespace) -> dict[str, Any]:
     """N requests from 8 clients, a third of them closing the stream after a random number of chunks;
     completed answers checked against each prompt's answer alone; RSS after warm-up vs at the end.
 
     The warm-up: every prompt's answer alone, one request at a time, then a round of 8 clients on the 4
-    prompts that go deepest (prompt + answer), so every slot has run batched shapes and written its KV as deep
-    as the soak's requests go: edge's ring KV is resident only where written (kvcache/pages.py), so without
-    that round the soak's growth would count each slot's first deep request, not what stays behind. The
-    growth from after the sequential references is reported too."""
-    alone = {}
+    prompts that go deepest (prompt + answer tokens, as the server counted them), so every slot has run
+    batched shapes and written its KV as deep as the soak's requests go: edge's ring KV is resident only where
+    written (kvcache/pages.py), so without that round the soak's growth would count each slot's first deep
+    request, not what stays behind. The growth from after the sequential references is reported too."""
+    refs: dict[str, Request] = {}
     for p in SOAK_PROMPTS:
         r = stream_chat(srv.url, srv.model_id, p, args.max_tokens)
         if not r.ok:
             raise RuntimeError(f"soak reference for {p!r} failed: {r.error}")
-        alone[p] = r.text
+        refs[p] = r
+    alone = {p: r.text for p, r in refs.items()}
     rss_sequential = srv.rss()
-    deepest = sorted(SOAK_PROMPTS, key=lambda p: len(p) + len(alone[p]))[-4:]
-    _, warm = run_clients(
-        8, lambda i: [stream_chat(srv.url, srv.model_id, p, args.max_tokens) for p in deepest]
-    )
+    deep = deepest(refs, 4)
+    _, warm = run_clients(8, lambda i: [stream_chat(srv.url, srv.model_id, p, args.max_tokens) for p in deep])
     if not all(r.ok for r in warm):
         raise RuntimeError(f"soak warm round failed: {next(r.error for r in warm if not r.ok)}")
     rss_warm = srv.rss()

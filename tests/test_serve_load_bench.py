@@ -1,5 +1,5 @@
 """benchmarks/serve_load.py's pure parts: server specs, percentiles, stalls during a window, the CPU line, the
-mix-up check and the result table."""
+mix-up check, the soak's deepest prompts and the result table."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from benchmarks.serve_load import (
     Request,
     ServerSpec,
     cpu_summary,
+    deepest,
     largest_gap_during,
     level_summary,
     load_table,
@@ -77,3 +78,12 @@ def test_level_summary_and_table() -> None:
     table = load_table([{"server": "edge:4", "levels": levels}])
     assert table[2].startswith("| edge:4 | 1 | 1 | 0 | 10.0 | 1.0x | 100.0 / 100.0 | 20.0 / 20.0 |")
     assert "| 4 | 4 | 1 | 45.0 | 4.5x |" in table[3]
+
+
+def test_the_deepest_prompts_are_counted_in_tokens() -> None:
+    refs = {  # the longest text is not the deepest: the server's token counts decide
+        "a long sentence in few tokens": Request(prompt_tokens=20, tokens=10),
+        "12 34 56": Request(prompt_tokens=30, tokens=40),
+        "mid": Request(prompt_tokens=25, tokens=10),
+    }
+    assert deepest(refs, 2) == ["mid", "12 34 56"]
