@@ -3,9 +3,11 @@
 
 Per server, each its own process on 127.0.0.1 at a free port:
 - load levels (`--clients 1,4,8`): C concurrent streaming clients, each sending `--requests` greedy chat
-  requests in turn, prompts alternating short and ~500 tokens (deterministic, unique per request so no server
-  reuses a cached prefix beyond the chat template); aggregate completion tok/s, its ratio to 1 client,
-  p50/p99 time to first token and inter-token latency (gaps between streamed content chunks), errors;
+  requests in turn, its prompts alternating short and ~500 tokens, short first: every client of every level
+  runs the one client's sequence, so each level carries the same mix and the ratio to 1 client compares like
+  with like (deterministic, unique per request so no server reuses a cached prefix beyond the chat template);
+  aggregate completion tok/s, its ratio to 1 client, p50/p99 time to first token and inter-token latency
+  (gaps between streamed content chunks), errors;
 - the long-prompt probe: while 3 clients stream, one `--long-tokens` prompt arrives; the largest gap between
   consecutive chunks of the other streams while it prefills, next to their median gap;
 - peak RSS of the server process (and its children), sampled.
@@ -240,14 +242,28 @@ def sized_prompt(tokenizer: Any, n_tokens: int, seed: int) -> str:
     return tokenizer.decode(ids)
 
 
+def is_long(j: int) -> bool:
+    """Whether a client's j-th request of a load level is a long prompt: its odd ones, whichever the client."""
+    return j % 2 == 1
+
+
 class Prompts:
-    """The load's prompts: short and ~`long_tokens` ones alternating, each made unique by a leading tag."""
+    """The load's prompts. A client's j-th request is short or ~`long_tokens` by j alone (`is_long`), so every
+    client of every level runs the one client's sequence of kinds: each level carries the same mix (a kind
+    chosen by client + j gave 4 clients of 3 requests 6 long of 12, the one client 1 of 3). The client shifts
+    which body; a leading tag makes each prompt unique."""
 
-    def __init__(self, tokenizer: Any, long_tokens: int) -> None:
-        self.long = [sized_prompt(tokenizer, long_tokens, seed) for seed in range(4)]
+    def __init__(self, long: Sequence[str]) -> None:
+        self.long = list(long)
 
-    def __call__(self, i: int, tag: str) -> str:
-        body = SHORT_PROMPTS[(i // 2) % len(SHORT_PROMPTS)] if i % 2 == 0 else self.long[(i // 2) % 4]
+    @classmethod
+    def sized(cls, tokenizer: Any, long_tokens: int) -> Prompts:
+        """Four long bodies of ~`long_tokens` tokens of the model's own tokenizer."""
+        return cls([sized_prompt(tokenizer, long_tokens, seed) for seed in range(4)])
+
+    def __call__(self, client: int, j: int, tag: str) -> str:
+        k = client + j // 2
+        body = self.long[k % len(self.long)] if is_long(j) else SHORT_PROMPTS[k % len(SHORT_PROMPTS)]
         return f"[{tag}] {body}"
 
 
@@ -443,7 +459,7 @@ class Server:
 def load_level(srv: Server, prompts: Prompts, clients: int, args: argparse.Namespace) -> dict[str, Any]:
     def work(i: int) -> list[Request]:
         return [
-            stream_chat(srv.url, srv.model_id, prompts(i + j, f"c{clients}-{i}-{j}"), args.max_tokens)
+            stream_chat(srv.url, srv.model_id, prompts(i, j, f"c{clients}-{i}-{j}"), args.max_tokens)
             for j in range(args.requests)
         ]
 
@@ -623,7 +639,7 @@ def measure(spec: ServerSpec, args: argparse.Namespace, path: Path, prompts: Pro
             row["soak"] = soak(srv, args.soak, args)
         else:
             for i in range(2):  # warm-up: a short and a long prompt (first-run compiles, caches)
-                warm = stream_chat(srv.url, srv.model_id, prompts(i, f"warm-{i}"), 8)
+                warm = stream_chat(srv.url, srv.model_id, prompts(0, i, f"warm-{i}"), 8)
             row["warmup_stats"] = warm.stats  # edge: which backend and device answered
             row["levels"] = with_ratios([load_level(srv, prompts, c, args) for c in args.clients])
             if long_prompt is not None:
@@ -658,9 +674,10 @@ def report(out: dict[str, Any]) -> list[str]:
         ]
     if any("levels" in r for r in rows):
         lines += [
-            f"Greedy, max_tokens {a['max_tokens']}, {a['requests']} requests per client, prompts alternating "
-            f"short and ~{a['prompt_tokens']} tokens; context {a['ctx_size']} per slot. tok/s: completion "
-            "tokens of the level / its wall time. ITL: gaps between streamed content chunks.",
+            f"Greedy, max_tokens {a['max_tokens']}, {a['requests']} requests per client, each client's prompts "
+            f"alternating short and ~{a['prompt_tokens']} tokens (every level the same mix); context "
+            f"{a['ctx_size']} per slot. tok/s: completion tokens of the level / its wall time. ITL: gaps between "
+            "streamed content chunks.",
             "",
             *load_table(rows),
             "",
@@ -757,7 +774,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from edge.models.checked import check_model
 
     checked = check_model(args.model)
-    prompts = Prompts(checked.tokenizer, args.prompt_tokens)
+    prompts = Prompts.sized(checked.tokenizer, args.prompt_tokens)
     long_prompt = sized_prompt(checked.tokenizer, args.long_tokens, 99) if args.long_tokens else None
     date = dt.date.today().isoformat()
     name = checked.name if args.model == checked.name else checked.path.stem

@@ -1,11 +1,13 @@
 """benchmarks/serve_load.py's pure parts: server specs, percentiles, stalls during a window, the CPU line, the
-mix-up check, the soak's deepest prompts and the result table."""
+mix-up check, the load's prompt mix, the soak's deepest prompts and the result table."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.serve_load import (
+    SHORT_PROMPTS,
+    Prompts,
     Request,
     ServerSpec,
     cpu_summary,
@@ -87,3 +89,23 @@ def test_the_deepest_prompts_are_counted_in_tokens() -> None:
         "mid": Request(prompt_tokens=25, tokens=10),
     }
     assert deepest(refs, 2) == ["mid", "12 34 56"]
+
+
+def test_every_client_of_every_level_runs_the_one_clients_mix() -> None:
+    long = [f"long body {k}" for k in range(4)]
+    prompts = Prompts(long)
+
+    def kinds(client: int, requests: int) -> list[str]:
+        bodies = [prompts(client, j, "t").removeprefix("[t] ") for j in range(requests)]
+        assert all(b in long or b in SHORT_PROMPTS for b in bodies)
+        return ["long" if b in long else "short" for b in bodies]
+
+    for requests in (1, 2, 3, 5):
+        one = kinds(0, requests)
+        assert one == ["short", "long", "short", "long", "short"][:requests]
+        assert all(kinds(i, requests) == one for i in range(8))
+    # the same kind, another body for each client (up to the 4 long bodies); each prompt unique by its tag
+    assert len({prompts(i, 1, "t") for i in range(4)}) == 4
+    assert len({prompts(i, 0, "t") for i in range(8)}) == 8
+    tagged = {prompts(i, j, f"c4-{i}-{j}") for i in range(4) for j in range(3)}
+    assert len(tagged) == 12
