@@ -3,7 +3,8 @@
 `LlamaCppDecoder.capabilities().batching` hands out `slots(n)`: the model's llama.cpp context is replaced by
 one for n sequences (n_seq_max = n, one unified KV of n x the slot's context, as `llama-server -np N` with
 `-c N x ctx`), and each slot is a whole `Decoder` on one sequence id of it. Each step the loop
-(devices/step_loop.py: one prompt chunk a step, beside every decode row) puts the waiting pieces of all slots
+(devices/step_loop.py: one prompt chunk a step, beside every decode row; beside streaming slots a chunk of
+about 0.2 s at the measured prompt rate, `chunk_for`, not CHUNK) puts the waiting pieces of all slots
 into one `llama_batch` (each token with its slot's sequence id and position), decodes it once and hands each
 slot its logits rows. A slot's rollback and reset remove its cells (`llama_memory_seq_rm`); a prefix copy
 shares the sibling's cells (`llama_memory_seq_cp`: no compute, no bytes moved). llama.cpp's context serves
@@ -29,7 +30,7 @@ from edge.kvcache.staging import WINDOW
 
 __all__ = ["CHUNK", "LlamaCppBatch", "LlamaCppSlot", "Native", "batches", "checked_ids", "remove_cells"]
 
-CHUNK = 256  # the most prompt tokens a slot's piece carries (one chunk rides in a step)
+CHUNK = 256  # the most prompt tokens a slot's piece carries (one chunk rides in a step; fewer beside streams)
 CUTS_KEPT = 64  # a slot's recent KV cuts (rollbacks, resets, copies into it) a prefix copy checks against
 
 
@@ -59,6 +60,10 @@ class _Piece:
     out: np.ndarray | None = None
     batch: int = 0  # the pieces of the step it rode in
     error: BaseException | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
 
     @property
     def chunk(self) -> bool:
@@ -255,13 +260,15 @@ class LlamaCppSlot:
         toks = checked_ids(tokens, self.position, self.n_ctx, self.vocab_size)
         start, rows = self.position, []
         try:
-            for k in range(0, len(toks), CHUNK):
-                part = toks[k : k + CHUNK]
-                final = k + CHUNK >= len(toks)
+            k = 0
+            while k < len(toks):  # each piece sized when it is cut: smaller beside streaming siblings
+                part = toks[k : k + self._engine.chunk_tokens(self, CHUNK)]
+                final = k + len(part) >= len(toks)
                 want = "all" if not last_only else "last" if final else "none"
                 urgent = k > 0 or (last_only and len(toks) > 1)  # as devices/batch.py's slots
                 rows.append(self._run(_Piece(self, part, self.position, want, urgent=urgent)))
                 self.position += len(part)
+                k += len(part)
         except BaseException:
             self._cut_to(start)  # what this forward stored goes: the KV is as before it
             raise

@@ -210,16 +210,23 @@ class RingDecoder:
             window = self.staged and windowed(len(toks))
             # staged: a short forward is also cut at window ends (kvcache/staging.py)
             cuts = split_windows(self.position, len(toks)) if window else [(0, len(toks))]
-            pieces = [
-                (a, min(a + self.chunk, stop)) for start, stop in cuts for a in range(start, stop, self.chunk)
-            ]
             parts = []
-            for start, stop in pieces:
-                final = stop == len(toks)
-                logits = self._step(toks[start:stop], last_only, window=window, score=final or not last_only)
-                if final or not last_only:
-                    parts.append(logits)
+            for start, end in cuts:
+                while start < end:  # each piece sized when it is cut: a slot's depends on its siblings
+                    stop = min(start + self._piece_tokens(), end)
+                    final = stop == len(toks)
+                    logits = self._step(
+                        toks[start:stop], last_only, window=window, score=final or not last_only
+                    )
+                    if final or not last_only:
+                        parts.append(logits)
+                    start = stop
             return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+    def _piece_tokens(self) -> int:
+        """The most tokens the next piece of a forward carries: the chunk (a batch slot: less beside streaming
+        siblings, devices/step_loop.chunk_for)."""
+        return self.chunk
 
     @property
     def position(self) -> int:

@@ -18,11 +18,12 @@ import gguf
 import numpy as np
 import pytest
 
+from edge.devices import step_loop
 from edge.devices.base import Decoder
 from edge.devices.batch import BatchEngine, _Piece
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.phase_split import PhaseSplitDecoder
-from edge.devices.step_loop import select
+from edge.devices.step_loop import MIN_CHUNK, chunk_for, select
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache import RingKVCache
 from edge.kvcache.staging import WINDOW
@@ -424,3 +425,58 @@ def test_a_prompt_chunk_leaves_the_next_steps_to_the_others() -> None:
     assert _names(batch) == ["c2"] and rested == 0
     batch, rested = select([_P("c3", chunk=True), *rows], 1)  # another prompt's chunk rides as any chunk
     assert _names(batch) == ["c3", "a", "b"] and rested == 0
+
+
+def test_a_prompt_beside_streaming_slots_is_cut_smaller() -> None:
+    """A prompt piece takes the decoder's whole chunk while no other slot streams; beside streaming ones, what
+    runs in about CHUNK_TARGET_S at the measured prompt rate (in whole staging windows, at least MIN_CHUNK;
+    before any chunk was timed, MIN_CHUNK)."""
+    assert chunk_for(256, False, None) == chunk_for(256, False, 1.0) == 256
+    assert chunk_for(256, True, None) == MIN_CHUNK
+    per_token = step_loop.CHUNK_TARGET_S / 100  # 100 tokens fit: 3 staging windows
+    assert chunk_for(256, True, per_token) == 3 * WINDOW
+    assert chunk_for(256, True, per_token / 100) == 256  # a fast prompt: the whole chunk
+    assert chunk_for(256, True, 1.0) == MIN_CHUNK  # a slow one: no smaller than MIN_CHUNK
+    assert chunk_for(40, True, None) == 40  # never more than the decoder's chunk
+
+
+def test_a_slots_prompt_takes_small_pieces_while_a_sibling_streams(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a streaming slot a 300-token prompt rides in MIN_CHUNK pieces (the target made 0: every measured
+    rate gives the floor), alone in the decoder's 256; the answer is the same as the decoder's alone."""
+    monkeypatch.setattr(step_loop, "CHUNK_TARGET_S", 0.0)
+    gg = open_gguf(files["llama-q4_1"])
+    opts = replace(_options("ort", False, 512), prefill_chunk=256)
+    alone = GraphDecoder(gg, opts)
+    prompt = _prompt(300, 11)
+    want = alone.forward(prompt, last_only=True)[-1]
+    alone.close()
+    a, b = GraphDecoder(gg, opts).capabilities().batching.slots(2)  # type: ignore[union-attr]
+    stop = threading.Event()
+
+    def stream() -> None:
+        a.forward(_prompt(4, 12))
+        token = 5
+        while not stop.is_set():
+            token = int(a.forward([token])[-1].argmax())
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    try:
+        while a.ridden[0] < 3:  # streaming before the prompt arrives
+            stop.wait(0.01)
+        got = b.forward(prompt, last_only=True)[-1]
+        beside = b.ridden[0]
+    finally:
+        stop.set()
+        streamer.join(60)
+    assert beside == -(-len(prompt) // MIN_CHUNK), beside
+    np.testing.assert_allclose(got, want, atol=ATOL)
+    b.reset()
+    b.forward(prompt, last_only=True)
+    assert (
+        b.ridden[0] - beside == 2
+    )  # alone: 256 + 44 (its first piece may still see the sibling's last step)
+    a.close()
+    b.close()

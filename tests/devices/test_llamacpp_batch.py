@@ -4,6 +4,7 @@ batch-invariant), cuts and copies stay in their sequence, and bad input fails on
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -12,9 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from edge.devices import step_loop
 from edge.devices.base import Decoder
 from edge.devices.llamacpp_batch import CHUNK, LlamaCppSlot
 from edge.devices.registry import DecoderOptions, open_decoder, runnable_backends
+from edge.devices.step_loop import MIN_CHUNK
 from edge.errors import ContextOverflowError, DeviceError, InsufficientMemoryError
 from tests.devices.test_batch import _in_threads
 from tests.tiny_models import TinySpec, write_tiny_model
@@ -214,3 +217,31 @@ def test_the_last_slot_closed_stops_the_engine(model_file: Path) -> None:
     b.close()
     assert not b.engine.alive
     b.close()  # twice: nothing
+
+
+def test_a_prompt_beside_a_streaming_slot_takes_small_pieces(
+    model_file: Path, slots: list[LlamaCppSlot], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the graph slots' (devices/step_loop.chunk_for): beside a streaming slot a prompt rides in
+    MIN_CHUNK pieces (the target made 0), and gives what it gives alone."""
+    monkeypatch.setattr(step_loop, "CHUNK_TARGET_S", 0.0)
+    a, b, _ = slots
+    prompt = [1, *(200 + (7 * i) % 100 for i in range(CHUNK + 43))]
+    stop = threading.Event()
+
+    def stream() -> None:
+        token = int(a.forward(PROMPTS[0])[-1].argmax())
+        while not stop.is_set() and a.position < CTX - 1:
+            token = int(a.forward([token])[-1].argmax())
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    try:
+        while a.ridden[0] < 3:
+            stop.wait(0.01)
+        got = b.forward(prompt, last_only=True)[-1]
+    finally:
+        stop.set()
+        streamer.join(60)
+    assert b.ridden[0] == -(-len(prompt) // MIN_CHUNK), b.ridden
+    np.testing.assert_allclose(got, _alone(model_file, prompt, [0])[-1], rtol=1e-3, atol=1e-3)
