@@ -14,6 +14,13 @@ cache, and hands them to the engine. The engine's thread packs the pieces waitin
 and splits the logits rows and the new K/V back per slot, which each slot commits to its own cache. Decode is
 bound by reading the weights, so a run carrying one new token of each of 4 sequences costs about one carrying 1.
 
+Packed so, every row still computes scores over every slot's columns (masked), so a step's attention grows with
+the slots' summed depth. A graph built with attention per slot (`slot_axis`: what a model loaded for slots,
+`--parallel N`, gets) gathers each slot's rows into a batch entry of its own and attends over that slot's
+arena region only (`pack_slots`): the linears still run on the packed rows, the attention costs each slot its
+own depth. Its entries are padded to the most rows a slot carries, so a prompt chunk then runs alone, after
+the step's decode rows.
+
 Over a phase split (devices/phase_split.py) the engine holds both halves: a slot's forward of more than the
 split's threshold (a prompt) is built for the prefill half's graph and runs there alone, in the same step as
 the other slots' decode rows packed on the decode half's graph (run first, and answered before the prompt
@@ -55,7 +62,7 @@ from edge.kvcache.ring import NEG_INF
 from edge.kvcache.staging import WINDOW
 from edge.models.arch import ArchConfig
 
-__all__ = ["BatchEngine", "SlotDecoder", "pack"]
+__all__ = ["BatchEngine", "SlotDecoder", "pack", "pack_slots"]
 
 COPY_TRIES = 3  # prefix copies a sibling's moving KV voided before this slot prefills the prompt itself
 
@@ -67,6 +74,7 @@ class Shared(Protocol):
     backend: str
     device: str
     staged: bool
+    slot_axis: bool  # its attention per slot (models/transformer.BuildOptions.slot_axis)
     first_run_costs: bool
     runner: Runner | None
 
@@ -133,7 +141,8 @@ class BatchEngine(StepLoop):
         self.prefill, self.phases = prefill, phases
         # what the slots name as their backend (a split's label, e.g. "openvino:bf16+ort"); None: base's
         self.backend = backend or base.backend
-        self._arena = PastArena()  # the decode half's packed past (the prefill half runs one piece alone)
+        # the decode half's packed past (the prefill half runs one piece alone)
+        self._arena = PastArena(per_slot=base.slot_axis)
         super().__init__(linger=linger)
 
     def slots(self, n: int) -> list[SlotDecoder]:
@@ -168,7 +177,12 @@ class BatchEngine(StepLoop):
         """One step: the decode half's pieces packed into one run, then a prompt piece on the prefill half
         (alone). `steps`, `pieces` and `mean_batch` count the packed runs; `prefill_runs` the others."""
         short = [p for p in batch if not p.long]
-        long = [p for p in batch if p.long]
+        alone = [p for p in batch if p.long]
+        if self.base.slot_axis and len(short) > 1:
+            # NOTE: attention per slot pads every slot to the most rows one carries: a prompt chunk's would
+            # cost each decode row a chunk's attention, so the chunk runs alone, after them
+            alone += [p for p in short if p.chunk]
+            short = [p for p in short if not p.chunk]
         self.mixed_steps += len({p.n > 1 for p in batch}) == 2
         if short and self._run(short, self.base):
             self.steps += 1
@@ -176,12 +190,14 @@ class BatchEngine(StepLoop):
             self.tokens += sum(p.n for p in short)
         for p in short:  # their tokens stream, and their next pieces are made, while the prompt chunk runs
             p.done.set()
-        if long:
-            assert self.prefill is not None  # slots build long pieces only for an engine with a prefill half
-            if self._run(long, self.prefill):
-                self.prefill_runs += 1
-                self.tokens += sum(p.n for p in long)
-        for p in long:
+        for p in alone:
+            # a long piece exists only for an engine with a prefill half
+            graph = self.prefill if p.long and self.prefill is not None else self.base
+            if self._run([p], graph):
+                self.prefill_runs += p.long
+                self.steps += not p.long
+                self.pieces += not p.long
+                self.tokens += p.n
             p.done.set()
 
     def _run(self, pieces: list[_Piece], graph: Shared) -> bool:
@@ -192,7 +208,11 @@ class BatchEngine(StepLoop):
                 pieces.sort(key=lambda p: p.slot.index)
                 caches = [p.slot.cache for p in pieces]
                 past = self._arena.past(caches, [p.feeds for p in pieces], pieces[0].slot.mask_layer)
-            feeds, splits = pack([p.feeds for p in pieces], graph.cfg.n_layer, staged=graph.staged, past=past)
+            parts = [p.feeds for p in pieces]
+            if past is not None and graph.slot_axis:
+                feeds, splits = pack_slots(parts, graph.cfg.n_layer, staged=graph.staged, past=past)
+            else:
+                feeds, splits = pack(parts, graph.cfg.n_layer, staged=graph.staged, past=past)
             parts = unpack(graph.run(feeds), splits)
         except BaseException as exc:  # every slot of the run gets it; the engine goes on
             for p in pieces:
@@ -209,19 +229,13 @@ class _Split:
     tokens: tuple[int, int]  # its new tokens
 
 
-def pack(
-    parts: Sequence[dict[str, np.ndarray]], n_layer: int, *, staged: bool, past: Packed | None = None
-) -> tuple[dict[str, np.ndarray], list[_Split]]:
-    """One graph's inputs carrying every part's step (each built for its own cache by
-    GraphDecoder.step_feeds), and where each part's rows lie in the outputs. `past`: the parts' pasts packed
-    already (devices/past_arena.py), else they are concatenated here."""
+def _rows(parts: Sequence[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], list[_Split]]:
+    """The parts' tokens back to back (hidden, positions, logit_rows), and where each part's lie."""
     splits, r0, t0 = [], 0, 0
     for f in parts:
         r, t = int(f["logit_rows"].shape[0]), int(f["positions"].shape[0])
         splits.append(_Split((r0, r0 + r), (t0, t0 + t)))
         r0, t0 = r0 + r, t0 + t
-    if len(parts) == 1:
-        return dict(parts[0]), splits
     feeds: dict[str, np.ndarray] = {
         "hidden": np.concatenate([f["hidden"] for f in parts], axis=1),
         "positions": np.concatenate([f["positions"] for f in parts]),
@@ -229,6 +243,18 @@ def pack(
             [f["logit_rows"] + s.tokens[0] for f, s in zip(parts, splits, strict=True)]
         ),
     }
+    return feeds, splits
+
+
+def pack(
+    parts: Sequence[dict[str, np.ndarray]], n_layer: int, *, staged: bool, past: Packed | None = None
+) -> tuple[dict[str, np.ndarray], list[_Split]]:
+    """One graph's inputs carrying every part's step (each built for its own cache by
+    GraphDecoder.step_feeds), and where each part's rows lie in the outputs. `past`: the parts' pasts packed
+    already (devices/past_arena.py), else they are concatenated here."""
+    if len(parts) == 1:
+        return dict(parts[0]), _rows(parts)[1]
+    feeds, splits = _rows(parts)
     rows = [s.tokens[1] - s.tokens[0] for s in splits]
     # the new columns: a staged graph's staging window, else the step's own tokens
     news = [int(f["stage_key_0"].shape[1]) for f in parts] if staged else rows
@@ -252,6 +278,87 @@ def pack(
             w0 += int(f["stage_key_0"].shape[1])
         feeds["stage_index"] = np.concatenate(index, axis=1)
     return feeds, splits
+
+
+def pack_slots(
+    parts: Sequence[dict[str, np.ndarray]], n_layer: int, *, staged: bool, past: Packed
+) -> tuple[dict[str, np.ndarray], list[_Split]]:
+    """`pack` for a graph with attention per slot (models/transformer.BuildOptions.slot_axis): the tokens back
+    to back as there, each part's rows gathered into its arena region's batch entry (`slot_rows`, its last row
+    repeated up to the most rows a part has, staged one more: the padding row), the contexts read back in
+    packed order (`row_back`); masks, staging windows and stage_index one per region. A region of a slot not
+    in the step gets row 0, seeing one past column: its rows are not read back."""
+    feeds, splits = _rows(parts)
+    n_regions = int(past.feeds["past_key_0"].shape[0])
+    counts = [s.tokens[1] - s.tokens[0] for s in splits]
+    m = max(counts) + staged
+    slot_rows = np.zeros((n_regions, m), np.int64)
+    row_back = np.empty((1, sum(counts)), np.int64)
+    for s, b, q in zip(splits, past.regions, counts, strict=True):
+        t0 = s.tokens[0]
+        slot_rows[b] = t0 + np.minimum(np.arange(m), q - 1)
+        row_back[0, t0 : t0 + q] = b * m + np.arange(q)
+    feeds.update(past.feeds, slot_rows=slot_rows, row_back=row_back)
+    news = [int(f["stage_key_0"].shape[1]) for f in parts] if staged else counts
+    width = max(news) if staged else m  # staged: the widest window; else each slot's m gathered rows
+    for name in (k for k in parts[0] if k.startswith("mask_")):
+        room = past.columns[name][1] // n_regions
+        masks = [f[name] for f in parts]
+        feeds[name] = _slot_masks(masks, past.regions, n_regions, counts, news, room, m, width)
+    if staged:
+        _slot_windows(feeds, parts, past.regions, n_regions, counts, m, width, n_layer)
+    return feeds, splits
+
+
+def _slot_masks(
+    masks: Sequence[np.ndarray],
+    regions: Sequence[int],
+    n_regions: int,
+    counts: Sequence[int],
+    news: Sequence[int],
+    room: int,
+    m: int,
+    width: int,
+) -> np.ndarray:
+    """[regions, 1, m, room + width]: each part's rows in its region's entry, its past columns first, its new
+    ones (window or own tokens) from `room`; a repeated row sees what the row it repeats sees."""
+    big = np.full((n_regions, 1, m, room + width), NEG_INF, np.float32)
+    big[:, 0, :, 0] = 0.0  # a region not in the step: one finite column (its rows are not read)
+    for mk, b, q, n in zip(masks, regions, counts, news, strict=True):
+        past = mk.shape[-1] - n
+        big[b, 0, :, 0] = NEG_INF
+        big[b, 0, :q, :past] = mk[0, 0, :q, :past]
+        big[b, 0, :q, room : room + n] = mk[0, 0, :q, past:]
+        big[b, 0, q:] = big[b, 0, q - 1]
+    return big
+
+
+def _slot_windows(
+    feeds: dict[str, np.ndarray],
+    parts: Sequence[dict[str, np.ndarray]],
+    regions: Sequence[int],
+    n_regions: int,
+    counts: Sequence[int],
+    m: int,
+    width: int,
+    n_layer: int,
+) -> None:
+    """The staged inputs per region: each part's window at its entry (zeros past it), and stage_index
+    (entry, window column) for its rows, a repeated row writing where the row it repeats writes."""
+    index = np.zeros((n_regions, m, 2), np.int64)
+    index[..., 0] = np.arange(n_regions)[:, None]
+    for f, b, q in zip(parts, regions, counts, strict=True):
+        cols = f["stage_index"][0, :q, 1]
+        index[b, :, 1] = cols[np.minimum(np.arange(m), q - 1)]
+    feeds["stage_index"] = index
+    for i in range(n_layer):
+        for kv in ("key", "value"):
+            first = parts[0][f"stage_{kv}_{i}"]
+            windows = np.zeros((n_regions, width, *first.shape[2:]), first.dtype)
+            for f, b in zip(parts, regions, strict=True):
+                w = f[f"stage_{kv}_{i}"]
+                windows[b, : w.shape[1]] = w[0]
+            feeds[f"stage_{kv}_{i}"] = windows
 
 
 def _block_mask(

@@ -64,12 +64,18 @@ class GraphOptions:
     # a forward's rows batch-invariant (tests/devices/test_batch_invariance.py). Elsewhere it would not: ORT's
     # exact fp32 MatMulNBits and OpenVINO's int8 kernels take another path for one row.
     staged: bool | None = None
+    # attention per slot (models/transformer.BuildOptions.slot_axis): what `slots` packs then attends over each
+    # slot's own past only; the load sets it where the model will be split into slots (--parallel)
+    slot_axis: bool = False
 
 
 def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None, fuse: bool, precision: str) -> Path:
     st = gguf.path.stat()
+    fields = asdict(build)
+    if not build.slot_axis:  # the graphs cached before the option keep their keys
+        del fields["slot_axis"]
     key = json.dumps(
-        [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, asdict(build)]
+        [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, fields]
         + ([f"target:{target}", f"fuse:{fuse}", f"precision:{precision}"] if target else []),
         sort_keys=True,
     )
@@ -214,6 +220,7 @@ def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:
         head_accuracy_level=opts.head_accuracy_level,
         long_rope=cfg.long_rope(opts.capacity),
         staged=GraphDecoder._staged(opts),
+        slot_axis=opts.slot_axis and not opts.static_shapes,
     )
 
 
@@ -235,7 +242,7 @@ class GraphDecoder(RingDecoder):
             raise ValueError(f"precision bf16 runs on openvino:cpu only, not {opts.backend}:{opts.device}")
         built = graph_precision(opts.precision)  # bf16: the exact graph, rounded by the runtime
         build = build_options(cfg, opts)
-        self.staged = build.staged
+        self.staged, self.slot_axis = build.staged, build.slot_axis
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=built)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
         runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
@@ -339,6 +346,13 @@ class GraphDecoder(RingDecoder):
         else:
             masks, bound = ring._bindings(view)
             feeds.update(masks, **ring._past_feeds(layers, bound))
+        if self.slot_axis:  # one slot: its rows in order (staged: the padding row repeats the last)
+            q = len(ids)
+            rows_of = np.arange(q + self.staged, dtype=np.int64)
+            rows_of[q:] = q - 1
+            feeds["slot_rows"], feeds["row_back"] = rows_of[None], np.arange(q, dtype=np.int64)[None]
+            if self.staged:
+                feeds["stage_index"] = feeds["stage_index"][:, rows_of]
         return feeds
 
     def close(self) -> None:

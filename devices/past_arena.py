@@ -12,6 +12,11 @@ beyond the bound prefix; an unstaged one's, once the prefix covers it, one colum
 it overwrote), and a region always equals its ring's bound prefix bit for bit. A region's columns past its
 prefix, and the regions of slots not in a step, are masked (`Packed.columns`: the masks place each part).
 
+For a graph with attention per slot (models/transformer.BuildOptions.slot_axis) every region of a layout has
+the same room, so the past is fed as [regions, room, kvh, hd] (`per_slot`): a slot's rows attend over their
+own region (`Packed.regions`), whose columns past the prefix are masked; a region of a slot not in a step is
+a batch entry whose rows are not read back.
+
 The layout is made anew (every region copied once) when a slot without a region joins a step, a prefix
 outgrows its region, or a slot sat out `STALE` steps in a row (its request ended: its columns would cost every
 step). A slot that misses a step or two (still sampling) keeps its region. Layouts reuse one buffer per layer
@@ -37,12 +42,14 @@ STALE = 16  # steps in a row a slot may sit out before the layout drops its regi
 class Packed:
     feeds: dict[str, np.ndarray]  # past_key_i / past_value_i for every layer (the arena's: read only)
     columns: dict[str, tuple[tuple[int, ...], int]]  # per mask input: each part's first column, the width
+    regions: tuple[int, ...] = ()  # each part's region (per_slot: its batch entry)
 
 
 class PastArena:
     """One batch engine's packed past (used by its thread alone)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, per_slot: bool = False) -> None:
+        self.per_slot = per_slot  # regions of one size, fed as [regions, room, kvh, hd] (module docstring)
         self._layout: list[RingKVCache] = []  # a region each, in this order
         self._absent: list[int] = []  # per region, the steps in a row its slot sat out
         self._caps: dict[int, list[int]] = {}  # per cache kind, each region's columns
@@ -83,7 +90,7 @@ class PastArena:
         for k, i in mask_layer.items():
             starts = self._offsets[kind_of[i]]
             columns[f"mask_{k}"] = (tuple(starts[j] for j in places), int(self._k[i].shape[1]))
-        return Packed(self._feeds, columns)
+        return Packed(self._feeds, columns, tuple(places))
 
     def _refresh(self, cache: RingKVCache, j: int, ck: int, written: tuple[int, int], length: int) -> None:
         """Region j of kind ck equals the ring's slots [0, length) after: the slots the ring wrote since
@@ -136,6 +143,8 @@ class PastArena:
         self.layouts += 1
         for ck, cs in caps.items():
             self._caps[ck] = [min(c, kinds[ck].capacity) for c in cs]
+            if self.per_slot:
+                self._caps[ck] = [max(self._caps[ck])] * len(cs)
             self._offsets[ck] = [int(x) for x in np.cumsum([0, *self._caps[ck][:-1]])]
             # nothing copied yet: every region is filled by its first step
             self._valid[ck] = [0] * len(layout)
@@ -146,7 +155,9 @@ class PastArena:
             k, v = self._buffers(i, size, layout[0].dtype)
             self._k.append(k[:size].reshape(shape))
             self._v.append(v[:size].reshape(shape))
-            self._feeds[f"past_key_{i}"], self._feeds[f"past_value_{i}"] = self._k[i], self._v[i]
+            fed = (len(layout), self._caps[ck][0], *shape[2:]) if self.per_slot else shape
+            self._feeds[f"past_key_{i}"] = self._k[i].reshape(fed)
+            self._feeds[f"past_value_{i}"] = self._v[i].reshape(fed)
 
     def _buffers(self, i: int, size: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's flat K and V buffers of at least `size` elements (grown by a quarter when too small).

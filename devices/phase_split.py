@@ -285,14 +285,21 @@ def open_phase_split(
     capacity: int,
     threads: int | None = None,
     static_prefill: Callable[[], PartitionedDecoder] | None = None,
+    slots: bool = False,
 ) -> PhaseSplitDecoder:
     """Both halves of `plan` on the file (each builds or reuses its cached graph), as one decoder.
     `static_prefill`: opens the prefill half as an NPU-shaped plan (devices/planned.py); the decode half then
-    takes its ring's capacity."""
+    takes its ring's capacity. `slots`: the split will be split into slots, whose decode rows the decode half
+    packs (its attention per slot; the prefill half runs one prompt at a time)."""
 
-    def half(h: PhaseHalf, slots: int) -> GraphDecoder:
+    def half(h: PhaseHalf, kv: int, per_slot: bool = False) -> GraphDecoder:
         opts = GraphOptions(
-            backend=h.backend, device=h.device, capacity=slots, threads=threads, precision=h.precision
+            backend=h.backend,
+            device=h.device,
+            capacity=kv,
+            threads=threads,
+            precision=h.precision,
+            slot_axis=per_slot,
         )
         return GraphDecoder(gguf, opts)
 
@@ -300,7 +307,7 @@ def open_phase_split(
     if static_prefill is not None:  # the static graph's global layers hold this many slots
         capacity = max((s.capacity for s in prefill._specs if s.window is None), default=capacity)
     try:
-        decode = half(plan.decode, capacity)
+        decode = half(plan.decode, capacity, slots)
     except BaseException:
         prefill.close()
         raise

@@ -250,7 +250,9 @@ def resolve_request(
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
-    dopts = DecoderOptions(n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision)
+    dopts = DecoderOptions(
+        n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision, slots=options.batching
+    )
     asked = None if request.backend in (None, AUTO) else request.backend  # auto: edge chooses
     if mode == "single" and not request.emulate:
         return _open_single(model, request, options, targets[0], asked, dopts)
@@ -328,7 +330,12 @@ def _open_phases(
         ):  # an NPU takes static shapes: the prefill half is an NPU-shaped plan
             static = partial(_npu_half, model, split.prefill, options, request.emulate)
         dec = open_phase_split(
-            model.gguf, split, capacity=options.n_ctx, threads=options.threads, static_prefill=static
+            model.gguf,
+            split,
+            capacity=options.n_ctx,
+            threads=options.threads,
+            static_prefill=static,
+            slots=options.batching,
         )
         return dec, where
 

@@ -41,6 +41,9 @@ class DecoderOptions:
     # False: the runtime's threads sleep between runs instead of spinning (a draft model taking turns with
     # its target in one process: spinning threads of one session slow the other's next run)
     spin: bool = True
+    # the decoder will be split into slots (`edge serve --parallel N`): the own graphs attend per slot
+    # (devices/graph_decoder.GraphOptions.slot_axis)
+    slots: bool = False
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
@@ -80,6 +83,7 @@ def _graph(backend: str) -> BackendFactory:
             threads=opts.n_threads,
             precision=opts.precision,
             spin=opts.spin,
+            slot_axis=opts.slots,
         )
         return GraphDecoder(model.gguf, graph)
 

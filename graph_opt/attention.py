@@ -51,9 +51,20 @@ from edge.graph_opt.manager import PassContext, graph_pass
 __all__ = ["attention"]
 
 
+def _per_slot_source(q5: ir.Value) -> ir.Value:
+    """The packed queries a slot_axis graph gathered per slot (Squeeze(Gather(q, slot_rows), 0)), else q5."""
+    node = q5.producer()
+    if node is not None and node.op_type == "Squeeze":
+        inner = node.inputs[0].producer() if node.inputs[0] is not None else None
+        if inner is not None and inner.op_type == "Gather":
+            return inner.inputs[0]  # type: ignore[return-value]
+    return q5
+
+
 def _head_dims(q5: ir.Value) -> list[int] | None:
-    """[kvh, grp, hd] of the queries, from the Reshape that shaped them (through RoPE and norms)."""
-    found = source_reshape(q5)
+    """[kvh, grp, hd] of the queries, from the Reshape that shaped them (through RoPE and norms, and a
+    slot_axis graph's gather per slot)."""
+    found = source_reshape(_per_slot_source(q5))
     dims = ints(found[0].inputs[1]) if found is not None else None
     if dims is None or len(dims) != 5 or min(dims[2:]) < 1:
         return None
@@ -82,12 +93,14 @@ def _flat(op, past, new):  # type: ignore[no-untyped-def]
     return op.Reshape(op.Concat(past, new, axis=1), op.Constant(value_ints=[0, 0, -1]))
 
 
-def _grouped_attention(op, q3, keys, values, mask4, dims):  # type: ignore[no-untyped-def]
-    """Attention of q3 [1, q, h*hd] over keys / values [1, L, kvh*hd] with mask4 [1, 1, q, L] -> [1, q, h*hd],
-    each K/V head's grp query heads as grp * q rows of one head (see the module's docstring)."""
+def _grouped_attention(op, q3, keys, values, mask4, dims, out_shape=None):  # type: ignore[no-untyped-def]
+    """Attention of q3 [1, q, h*hd] over keys / values [1, L, kvh*hd] with mask4 [1, 1, q, L] -> [1, q, h*hd]
+    (or `out_shape`), each K/V head's grp query heads as grp * q rows of one head (see the module's
+    docstring)."""
     kvh, grp, hd = dims
     if grp == 1:
-        return op.Attention(q3, keys, values, mask4, q_num_heads=kvh, kv_num_heads=kvh, scale=1.0)
+        ctx = op.Attention(q3, keys, values, mask4, q_num_heads=kvh, kv_num_heads=kvh, scale=1.0)
+        return ctx if out_shape is None else op.Reshape(ctx, out_shape)
     # [1, q, kvh, grp, hd] -> [1, grp, q, kvh, hd] -> rows g * q + r of kvh heads
     rows = op.Transpose(op.Reshape(q3, op.Constant(value_ints=[0, 0, kvh, grp, hd])), perm=[0, 3, 1, 2, 4])
     rows = op.Reshape(rows, op.Constant(value_ints=[0, -1, kvh * hd]))
@@ -96,7 +109,9 @@ def _grouped_attention(op, q3, keys, values, mask4, dims):  # type: ignore[no-un
     ctx = op.Attention(rows, keys, values, mask, q_num_heads=kvh, kv_num_heads=kvh, scale=1.0)
     # [1, grp * q, kvh * hd] -> [1, grp, q, kvh, hd] -> [1, q, kvh, grp, hd] = [1, q, h*hd] (head j * grp + g)
     ctx = op.Transpose(op.Reshape(ctx, op.Constant(value_ints=[0, grp, -1, kvh, hd])), perm=[0, 2, 3, 1, 4])
-    return op.Reshape(ctx, op.Constant(value_ints=[0, -1, kvh * grp * hd]))
+    return op.Reshape(
+        ctx, op.Constant(value_ints=[0, -1, kvh * grp * hd]) if out_shape is None else out_shape
+    )
 
 
 def _split_context(op, qs, past_k, new_k, past_v, new_v, mask5, split):  # type: ignore[no-untyped-def]
@@ -126,15 +141,21 @@ class _SplitAttention(pattern.RewriteRuleClassBase):
         if _mask_4d(mask5) is None:
             return result.fail("the mask is not Unsqueeze(mask [1, 1, q, L+q], axis 2)", mask5)
         shape = ints(out_shape)
-        if shape is None or len(shape) != 3 or shape[:2] != [1, -1]:
-            return result.fail("the context is not reshaped to [1, q, h*hd]", out_shape)
+        # [1, q, h*hd]; a slot_axis graph's [slots * m, h*hd]
+        packed = shape is not None and len(shape) == 3 and shape[:2] == [1, -1]
+        if not packed and (shape is None or len(shape) != 2 or shape[0] != -1):
+            return result.fail("the context is not reshaped to [1, q, h*hd] or [slots * m, h*hd]", out_shape)
         if _head_dims(q5) is None:
             return result.fail("queries are not a [1, q, kvh, grp, hd] view with static head dims", q5)
         return result
 
     def rewrite(self, op, q5, past_k, new_k, past_v, new_v, mask5, out_shape, **_):  # type: ignore[no-untyped-def]
         keys, values = _flat(op, past_k, new_k), _flat(op, past_v, new_v)
-        return _grouped_attention(op, _query_3d(op, q5), keys, values, _mask_4d(mask5), _head_dims(q5))
+        per_slot = len(ints(out_shape) or ()) == 2  # slot_axis: [slots * m, h*hd]
+        mask, dims = _mask_4d(mask5), _head_dims(q5)
+        return _grouped_attention(
+            op, _query_3d(op, q5), keys, values, mask, dims, out_shape if per_slot else None
+        )
 
 
 class _StagedAttention(_SplitAttention):

@@ -63,6 +63,11 @@ class BuildOptions:
     # same order whether its forward carries 1 token or a verify batch, so speculative decoding's output
     # equals one-token decoding bit for bit.
     staged: bool = False
+    # Attention per slot (devices/batch.py): a packed step's rows gathered into [slots, rows] (input slot_rows,
+    # the rows of each slot, its last repeated where it has fewer; staged: one more, the padding row) attend
+    # over their own slot's past ([slots, L, kvh, hd]) and window only, not every slot's columns; the contexts
+    # go back to packed order through row_back. The linears still run on the packed rows. One slot: [1, q].
+    slot_axis: bool = False
 
 
 def layer_kinds(cfg: ArchConfig) -> list[int]:
@@ -310,6 +315,11 @@ class _Builder:
         rotated = g.op("MatMul", [x, g.const(rot)])
         return g.op("Add", [g.op("Mul", [x, cos]), g.op("Mul", [rotated, sin])], out=out)
 
+    def _per_slot(self, t: str) -> str:
+        """Packed rows [1, q, ..] -> each slot's [slots, m, ..] (`slot_axis`: the input slot_rows)."""
+        g = self.g
+        return g.op("Squeeze", [g.op("Gather", [t, "slot_rows"], axis=1), g.const([0], np.int64)])
+
     def keys_t(self, t: str) -> str:
         """Slot-major K [1, n, kvh, hd] -> [1, kvh, 1, hd, n], ready to multiply grouped queries."""
         g = self.g
@@ -374,10 +384,16 @@ class _Builder:
         if t.qk_norm:
             q = self.rms_norm(q, _blk(i, "q_norm"))
             k = self.rms_norm(k, _blk(i, "k_norm"))
-        qs = g.op(
-            "Transpose", [self.rope(q, rt["cos_q"], rt["sin_q"])], perm=[0, 2, 3, 1, 4]
-        )  # [1, kvh, grp, q, hd], scaled
+        q = self.rope(q, rt["cos_q"], rt["sin_q"])  # scaled
         k = self.rope(k, rt["cos_k"], rt["sin_k"], out=f"new_key_{i}")  # [1, q, kvh, hd]
+        if self.opts.slot_axis:  # [slots, m, ..]: each slot's rows (staged: with the padding row, repeated)
+            q, k, v = self._per_slot(q), self._per_slot(k), self._per_slot(v)
+        qs = g.op("Transpose", [q], perm=[0, 2, 3, 1, 4])  # [1 (slots), kvh, grp, q (m), hd]
+        if self.opts.slot_axis:
+            if self.opts.staged:  # the repeated row writes what its original writes, where it writes it
+                k = g.op("ScatterND", [f"stage_key_{i}", "stage_index", k])  # [slots, w, kvh, hd]
+                v = g.op("ScatterND", [f"stage_value_{i}", "stage_index", v])
+            return qs, k, v
         if self.opts.staged:  # see "Staged attention": scatter into the window, pad the queries by one row
             k = g.op("ScatterND", [f"stage_key_{i}", "stage_index", k])  # [1, w, kvh, hd]
             v = g.op("ScatterND", [f"stage_value_{i}", "stage_index", v])
@@ -406,17 +422,29 @@ class _Builder:
                 g.op("MatMul", [p_new, self.values_h(v)]),
             ],
         )
+        hd_all = cfg.n_head * cfg.head_dim
+        if (
+            self.opts.slot_axis
+        ):  # [slots, kvh, grp, m, hd] -> [slots * m, h*hd] -> the packed rows' [1, q, h*hd]
+            ctx = g.op(
+                "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([-1, hd_all], np.int64)]
+            )
+            ctx = g.op("Gather", [ctx, "row_back"], axis=0)  # row_back [1, q]: [1, q, h*hd]
+            return self._output(i, ctx)
         if self.opts.staged:  # drop the padding row
             one = g.const([1], np.int64)
             ctx = g.op(
                 "Slice", [ctx, g.const([0], np.int64), g.const([-1], np.int64), g.const([3], np.int64), one]
             )
-        hd_all = cfg.n_head * cfg.head_dim
         ctx = g.op(
             "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([1, -1, hd_all], np.int64)]
         )
+        return self._output(i, ctx)
+
+    def _output(self, i: int, ctx: str) -> str:
+        """The attention's output projection of the context [1, q, h*hd] (and its post-norm)."""
         attn = self.linear(ctx, _blk(i, "attn_output"))
-        if cfg.traits.post_norms:
+        if self.cfg.traits.post_norms:
             attn = self.rms_norm(attn, _blk(i, "post_attention_norm"))
         return attn
 
@@ -437,6 +465,28 @@ class _Builder:
         if t.post_norms:
             mlp = self.rms_norm(mlp, _blk(i, "post_ffw_norm"))
         return mlp
+
+    def _attention_inputs(self, used_kinds: Sequence[int]) -> list:  # type: ignore[type-arg]
+        """The masks (one per layer kind), the staged graph's stage_index, a slot_axis graph's row maps."""
+        from onnx import TensorProto, helper
+
+        F, I64 = TensorProto.FLOAT, TensorProto.INT64
+        staged, slots = self.opts.staged, self.opts.slot_axis
+        rows, cols = ("q1", "plus_w") if staged else ("q", "plus_q")
+        b = "slots" if slots else 1
+        inputs = []
+        if slots:
+            rows, cols = "m", ("plus_w" if staged else "plus_m")
+            inputs += [
+                helper.make_tensor_value_info("slot_rows", I64, ["slots", "m"]),
+                helper.make_tensor_value_info("row_back", I64, [1, "q"]),
+            ]
+        inputs += [
+            helper.make_tensor_value_info(f"mask_{k}", F, [b, 1, rows, f"past{k}_{cols}"]) for k in used_kinds
+        ]
+        if staged:
+            inputs.append(helper.make_tensor_value_info("stage_index", I64, [b, "m" if slots else "q", 2]))
+        return inputs
 
     def build(self):  # type: ignore[no-untyped-def]
         from onnx import TensorProto, helper
@@ -460,13 +510,9 @@ class _Builder:
             helper.make_tensor_value_info("positions", I64, ["q"]),
         ]
         used_kinds = sorted({kinds[i] for i in range(opts.first_layer, last)})
-        staged = opts.staged
-        rows, cols = ("q1", "plus_w") if staged else ("q", "plus_q")
-        inputs += [
-            helper.make_tensor_value_info(f"mask_{k}", F, [1, 1, rows, f"past{k}_{cols}"]) for k in used_kinds
-        ]
-        if staged:
-            inputs.append(helper.make_tensor_value_info("stage_index", I64, [1, "q", 2]))
+        staged, slots = opts.staged, opts.slot_axis
+        b = "slots" if slots else 1  # the attention's batch: one per slot (slot_axis), else the packed rows
+        inputs += self._attention_inputs(used_kinds)
         outputs = []
         ropes: dict[float, dict[str, str]] = {}
         first_of = {k: next(i for i in range(opts.first_layer, last) if kinds[i] == k) for k in used_kinds}
@@ -474,6 +520,8 @@ class _Builder:
             n_all = g.op("Shape", [f"mask_{k}"], start=3, end=4)
             if staged:  # the staging width w
                 n_new = g.op("Shape", [f"stage_key_{first_of[k]}"], start=1, end=2)
+            elif slots:  # each slot's rows
+                n_new = g.op("Shape", ["slot_rows"], start=1, end=2)
             else:
                 n_new = g.op("Shape", ["positions"])
             g.op("Concat", [g.op("Sub", [n_all, n_new]), n_new], axis=0, out=f"split_{k}")
@@ -481,12 +529,12 @@ class _Builder:
         for i in range(opts.first_layer, last):
             past = f"past{kinds[i]}"
             inputs += [
-                helper.make_tensor_value_info(f"past_{n}_{i}", F, [1, past, kvh, hd])
+                helper.make_tensor_value_info(f"past_{n}_{i}", F, [b, past, kvh, hd])
                 for n in ("key", "value")
             ]
             if staged:
                 inputs += [
-                    helper.make_tensor_value_info(f"stage_{n}_{i}", F, [1, "w", kvh, hd])
+                    helper.make_tensor_value_info(f"stage_{n}_{i}", F, [b, "w", kvh, hd])
                     for n in ("key", "value")
                 ]
             outputs += [

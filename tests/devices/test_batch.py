@@ -56,11 +56,12 @@ PLANS: list[Plan] = [
 ]
 
 
-def _options(backend: str, staged: bool, capacity: int) -> GraphOptions:
+def _options(backend: str, staged: bool, capacity: int, slot_axis: bool = False) -> GraphOptions:
     return GraphOptions(
         backend=backend,
         precision="exact",
         staged=staged,
+        slot_axis=slot_axis,
         capacity=capacity,
         sink=2,
         threads=1,
@@ -140,7 +141,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: write_tiny_model(tmp / f"{name}.gguf", spec) for name, spec in SPECS.items()}
 
 
-# staged attention is an ORT graph form (kvcache/staging.py)
+# staged attention is an ORT graph form (kvcache/staging.py); slot_axis: attention per slot
+@pytest.mark.parametrize("slot_axis", [False, True], ids=["packed", "per-slot"])
 @pytest.mark.parametrize(
     ("backend", "staged"),
     [("ort", False), ("ort", True), ("openvino", False)],
@@ -149,26 +151,31 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("capacity", [256, 48], ids=["long", "wraps"])
 def test_each_slot_decodes_as_the_decoder_alone(
-    files: dict[str, Path], name: str, backend: str, staged: bool, capacity: int
+    files: dict[str, Path], name: str, backend: str, staged: bool, capacity: int, slot_axis: bool
 ) -> None:
     gg = open_gguf(files[name])
-    engine = _slots_as_alone(lambda: GraphDecoder(gg, _options(backend, staged, capacity)))
+    engine = _slots_as_alone(lambda: GraphDecoder(gg, _options(backend, staged, capacity, slot_axis)))
     # the steps really were shared: fewer runs than pieces, and some carried a prompt chunk beside decode rows
     assert engine.mean_batch > 1.5, engine.mean_batch
     assert engine.mixed_steps > 0
 
 
+@pytest.mark.parametrize("slot_axis", [False, True], ids=["packed", "per-slot"])
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("capacity", [256, 48], ids=["long", "wraps"])
 def test_slots_of_a_phase_split_decode_as_the_split_alone(
-    files: dict[str, Path], name: str, capacity: int
+    files: dict[str, Path], name: str, capacity: int, slot_axis: bool
 ) -> None:
     """Over a phase split (devices/phase_split.py) a slot's prompt runs on the prefill half's graph alone, its
-    decode steps packed with the others' on the decode half's: each sequence as the split alone computes it."""
+    decode steps packed with the others' on the decode half's (attention per slot there, or packed): each
+    sequence as the split alone computes it."""
     gg = open_gguf(files[name])
 
     def split() -> PhaseSplitDecoder:
-        halves = [GraphDecoder(gg, _options(b, b == "ort", capacity)) for b in ("openvino", "ort")]
+        halves = [
+            GraphDecoder(gg, _options(b, b == "ort", capacity, slot_axis and b == "ort"))
+            for b in ("openvino", "ort")
+        ]
         return PhaseSplitDecoder(*halves)
 
     engine = _slots_as_alone(split)
@@ -480,3 +487,32 @@ def test_a_slots_prompt_takes_small_pieces_while_a_sibling_streams(
     )  # alone: 256 + 44 (its first piece may still see the sibling's last step)
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize(
+    ("backend", "staged", "precision"),
+    [("ort", True, "fast"), ("ort", False, "exact"), ("openvino", False, "exact")],
+    ids=["ort-staged-fast", "ort-exact", "ov-exact"],
+)
+def test_the_per_slot_graph_alone_computes_what_the_packed_graph_does(
+    files: dict[str, Path], backend: str, staged: bool, precision: str
+) -> None:
+    """One decoder on the graph with attention per slot (its rows a batch of one) gives the plain graph's rows
+    bit for bit through prompts, wraps and rollbacks; on ORT its attention is fused as the plain graph's."""
+    gg = open_gguf(files["qwen2-q8_0"])
+    got = []
+    for slot_axis in (False, True):
+        opts = replace(_options(backend, staged, 48, slot_axis), precision=precision)
+        dec = GraphDecoder(gg, opts)
+        rows = []
+        for plan in PLANS[:3]:
+            dec.reset()
+            rows += _run_plan(dec, plan)[1]
+        got.append(np.stack(rows))
+        if backend == "ort":
+            import onnx
+
+            ops = [n.op_type for n in onnx.load(dec.graph_path, load_external_data=False).graph.node]
+            assert ops.count("Attention") == dec.cfg.n_layer and "Softmax" not in ops
+        dec.close()
+    np.testing.assert_array_equal(got[1], got[0])

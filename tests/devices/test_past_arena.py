@@ -118,3 +118,30 @@ def test_a_slot_sitting_out_keeps_its_region_until_stale() -> None:
     for _ in range(STALE + 1):  # its request ended: the layout drops it once, not every step
         _check(arena, caches[:2])
     assert arena.layouts == 2
+
+
+def test_per_slot_regions_are_batch_entries_equal_to_their_rings() -> None:
+    """For a graph with attention per slot: every region has the same room, the past is fed as [regions, room,
+    kvh, hd], and each part's entry (`Packed.regions`) equals its ring's bound prefix through the operations."""
+    rng = np.random.default_rng(1)
+    caches = [RingKVCache(LAYERS, sink=2, max_rollback=6) for _ in range(3)]
+    arena = PastArena(per_slot=True)
+    for _ in range(200):
+        c = caches[int(rng.integers(len(caches)))]
+        if rng.random() < 0.8 or not c.rollback_limit:
+            _step(c, int(rng.integers(1, 9)), rng)
+        else:
+            c.rollback(int(rng.integers(1, c.rollback_limit + 1)))
+        parts = [x for x in caches if rng.random() < 0.7] or [c]
+        feeds = [_feeds(x) for x in parts]
+        packed = arena.past(parts, feeds, MASKS)
+        assert len(set(packed.regions)) == len(parts)
+        for i in range(len(LAYERS)):
+            fed = packed.feeds[f"past_key_{i}"]
+            starts, width = packed.columns[f"mask_{parts[0].layer_kind[i]}"]
+            assert width == fed.shape[0] * fed.shape[1]  # regions x room, back to back
+            for f, r, at in zip(feeds, packed.regions, starts, strict=True):
+                assert at == r * fed.shape[1]
+                for kv in ("key", "value"):
+                    want = f[f"past_{kv}_{i}"][0]
+                    np.testing.assert_array_equal(packed.feeds[f"past_{kv}_{i}"][r, : want.shape[0]], want)

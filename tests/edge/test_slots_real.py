@@ -32,7 +32,7 @@ def slots(edge_cache: object) -> Iterator[list[Model]]:
 def test_each_answer_in_a_batch_equals_its_answer_alone(slots: list[Model]) -> None:
     alone = [slots[0].generate(p, max_tokens=48, reuse=False).token_ids for p in PROMPTS]
     engine = slots[0].batch_engine
-    assert engine is not None
+    assert engine is not None and engine.base.slot_axis  # type: ignore[attr-defined]  # attention per slot
     steps, pieces = engine.steps, engine.pieces
     got: dict[int, list[int]] = {}
 
