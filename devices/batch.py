@@ -17,9 +17,10 @@ bound by reading the weights, so a run carrying one new token of each of 4 seque
 Packed so, every row still computes scores over every slot's columns (masked), so a step's attention grows with
 the slots' summed depth. A graph built with attention per slot (`slot_axis`: what a model loaded for slots,
 `--parallel N`, gets) gathers each slot's rows into a batch entry of its own and attends over that slot's
-arena region only (`pack_slots`): the linears still run on the packed rows, the attention costs each slot its
-own depth. Its entries are padded to the most rows a slot carries, so a prompt chunk then runs alone, after
-the step's decode rows.
+arena region only (`pack_slots`): the linears still run on the packed rows; each entry attends over the
+arena's room (the deepest region's, masked past its own prefix), so a step costs entries x rows x room, not
+rows x the summed depths. Entries are padded to the most rows a slot carries, so a piece of more than
+SLOT_ROWS tokens (a prompt's) runs alone, after the step's decode rows.
 
 Over a phase split (devices/phase_split.py) the engine holds both halves: a slot's forward of more than the
 split's threshold (a prompt) is built for the prefill half's graph and runs there alone, in the same step as
@@ -55,7 +56,7 @@ from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.past_arena import Packed, PastArena
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
-from edge.devices.step_loop import LINGER_S, StepLoop
+from edge.devices.step_loop import LINGER_S, MIN_CHUNK, StepLoop
 from edge.errors import DeviceError
 from edge.kvcache import RollbackError, StepView
 from edge.kvcache.ring import NEG_INF
@@ -65,6 +66,10 @@ from edge.models.arch import ArchConfig
 __all__ = ["BatchEngine", "SlotDecoder", "pack", "pack_slots"]
 
 COPY_TRIES = 3  # prefix copies a sibling's moving KV voided before this slot prefills the prompt itself
+# Attention per slot: the most tokens a piece carries packed beside other slots' (a drafted verify: at most
+# max_rollback + 1 = 17); a longer one (a prompt's piece) runs alone: a 3,000-token prompt's last 24 tokens
+# packed beside 3 decode rows made each of them 24 rows over that slot's room (385 ms against ~30)
+SLOT_ROWS = 17
 
 
 class Shared(Protocol):
@@ -174,15 +179,18 @@ class BatchEngine(StepLoop):
 
     # -- the engine thread -----------------------------------------------------------------------------
     def _step(self, batch: list[_Piece]) -> None:
-        """One step: the decode half's pieces packed into one run, then a prompt piece on the prefill half
-        (alone). `steps`, `pieces` and `mean_batch` count the packed runs; `prefill_runs` the others."""
+        """One step: the decode half's pieces packed into one run, then each piece that runs alone: a prompt
+        piece on a split's prefill half, and on a graph with attention per slot any piece of more than
+        SLOT_ROWS tokens beside others. `steps`, `pieces` and `mean_batch` count the runs on the decode half
+        (a piece alone is one); `prefill_runs` the others; `mixed_steps` the steps that took a many-token
+        piece beside one-token ones (packed with them, or run apart after them)."""
         short = [p for p in batch if not p.long]
         alone = [p for p in batch if p.long]
         if self.base.slot_axis and len(short) > 1:
-            # NOTE: attention per slot pads every slot to the most rows one carries: a prompt chunk's would
-            # cost each decode row a chunk's attention, so the chunk runs alone, after them
-            alone += [p for p in short if p.chunk]
-            short = [p for p in short if not p.chunk]
+            # NOTE: attention per slot pads every slot to the most rows one carries: a prompt piece's would
+            # cost each decode row that many rows' attention over its room, so it runs alone, after them
+            alone += [p for p in short if p.n > SLOT_ROWS]
+            short = [p for p in short if p.n <= SLOT_ROWS]
         self.mixed_steps += len({p.n > 1 for p in batch}) == 2
         if short and self._run(short, self.base):
             self.steps += 1
@@ -426,7 +434,9 @@ class SlotDecoder(RingDecoder):
     def engine(self) -> BatchEngine:
         return self._engine
 
-    def _piece_tokens(self) -> int:
+    def _piece_tokens(self, left: int) -> int:
+        if left <= min(self.chunk, MIN_CHUNK):  # one piece whatever the siblings do (a decode step)
+            return self.chunk
         return self._engine.chunk_tokens(self, self.chunk)
 
     @property

@@ -20,7 +20,8 @@ a batch entry whose rows are not read back.
 The layout is made anew (every region copied once) when a slot without a region joins a step, a prefix
 outgrows its region, or a slot sat out `STALE` steps in a row (its request ended: its columns would cost every
 step). A slot that misses a step or two (still sampling) keeps its region. Layouts reuse one buffer per layer
-that only grows (a fresh one costs its page faults: ~100 ms for the 0.5b's 4 x 600 tokens).
+that only grows (a fresh one costs its page faults: ~100 ms for the 0.5b's 4 x 600 tokens), in small pages
+(kvcache/pages.py): only the columns copied in become resident.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge.kvcache import RingKVCache
+from edge.kvcache.pages import small_page_zeros
 
 __all__ = ["HEADROOM", "STALE", "Packed", "PastArena"]
 
@@ -167,5 +169,8 @@ class PastArena:
             self._backing.append((np.zeros(0, dtype), np.zeros(0, dtype)))
         k, v = self._backing[i]
         if k.size < size:
-            self._backing[i] = k, v = np.zeros(size + size // 4, dtype), np.zeros(size + size // 4, dtype)
+            # NOTE: small pages, resident only where a region's prefix is copied: a slot joining 3,000 tokens
+            # deep made 4 regions' buffers (per slot: 4 x its room) fault in huge pages, 1.0 s of one step
+            grown = size + size // 4
+            self._backing[i] = k, v = small_page_zeros((grown,), dtype), small_page_zeros((grown,), dtype)
         return k, v

@@ -335,7 +335,7 @@ def _open_phases(
             capacity=options.n_ctx,
             threads=options.threads,
             static_prefill=static,
-            slots=options.batching,
+            slots=options.batching and static is None,  # slots refuse a static half (replicas then)
         )
         return dec, where
 

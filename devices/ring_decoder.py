@@ -213,7 +213,7 @@ class RingDecoder:
             parts = []
             for start, end in cuts:
                 while start < end:  # each piece sized when it is cut: a slot's depends on its siblings
-                    stop = min(start + self._piece_tokens(), end)
+                    stop = min(start + self._piece_tokens(end - start), end)
                     final = stop == len(toks)
                     logits = self._step(
                         toks[start:stop], last_only, window=window, score=final or not last_only
@@ -223,9 +223,9 @@ class RingDecoder:
                     start = stop
             return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
-    def _piece_tokens(self) -> int:
-        """The most tokens the next piece of a forward carries: the chunk (a batch slot: less beside streaming
-        siblings, devices/step_loop.chunk_for)."""
+    def _piece_tokens(self, left: int) -> int:
+        """The most tokens the next piece of a forward carries, `left` to go: the chunk (a batch slot: less
+        beside streaming siblings, devices/step_loop.chunk_for)."""
         return self.chunk
 
     @property

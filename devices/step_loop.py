@@ -65,7 +65,8 @@ class StepLoop:
         self.prefill_runs = 0  # runs of a phase split's prefill half (devices/batch.py)
         self._rested = 3  # steps without a prompt chunk since the last one that carried one
         self._made = 0  # slots made: each slot's index
-        self._chunk_s: float | None = None  # seconds a chunk token took in the last chunk steps (averaged)
+        # the chunk steps' seconds and chunk tokens, older steps weighing less: their ratio is the prompt rate
+        self._chunk_time, self._chunk_tokens = 0.0, 0.0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -106,12 +107,13 @@ class StepLoop:
 
     def chunk_tokens(self, slot: object, full: int) -> int:
         """How many prompt tokens `slot`'s next piece carries: `full` while no other slot streams (the last
-        step carried none, none waits), else `chunk_for`'s share at the measured prompt rate."""
+        step carried none, none waits: a slot whose request just ended still counts for one step), else
+        `chunk_for`'s share at the measured prompt rate."""
         with self._cond:
             others = any(s != id(slot) for s in self._expected) or any(
                 p.slot is not slot for p in self._waiting
             )
-            seconds = self._chunk_s
+            seconds = self._chunk_time / self._chunk_tokens if self._chunk_tokens else None
         return chunk_for(full, others, seconds)
 
     @property
@@ -144,15 +146,16 @@ class StepLoop:
                 p.done.set()
 
     def _timed(self, batch: list[Any], seconds: float) -> None:
-        """A step that carried a prompt chunk updates the chunk's seconds per token (the decode rows beside
-        it cost little: averaged in)."""
-        chunk = next((p for p in batch if p.chunk and p.error is None), None)
+        """A step that carried a prompt chunk of at least MIN_CHUNK tokens adds to the prompt rate: the whole
+        step's time, which the other slots waited (their rows' run included), per chunk token. A prompt's
+        short last piece is left out (a step's fixed cost over few tokens). The slots were answered before
+        this is noted: a piece cut meanwhile takes the rate one step older."""
+        chunk = next((p for p in batch if p.chunk and p.error is None and p.n >= MIN_CHUNK), None)
         if chunk is None:
             return
-        per_token = seconds / max(1, chunk.n)
         with self._cond:
-            last = self._chunk_s
-            self._chunk_s = per_token if last is None else (last + per_token) / 2
+            self._chunk_time = self._chunk_time / 2 + seconds
+            self._chunk_tokens = self._chunk_tokens / 2 + chunk.n
 
     def _gather(self) -> list[Any] | None:
         """The pieces of the next step: wait for one, then up to `linger` for the last step's slots."""

@@ -47,6 +47,17 @@ class TinySpec:
     original_context: int = 32
 
 
+def _add_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """The tiny sentencepiece-style vocabulary, BOS 1 and EOS 2."""
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+
 def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
     tokens = [b"<unk>", b"<s>", b"</s>"] + [f"<0x{i:02X}>".encode() for i in range(256)]
     types = [2, 3, 3] + [6] * 256
@@ -95,14 +106,8 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         w.add_rope_scaling_orig_ctx_len(spec.original_context)
         scale = spec.ctx / spec.original_context
         w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(spec.original_context))))
-    tokens, scores, types = _vocab(spec.n_vocab)
-    w.add_tokenizer_model("llama")
+    _add_vocab(w, spec.n_vocab)
     w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
     if spec.chat_template is not None:
@@ -188,13 +193,7 @@ def write_tiny_mamba(
     w.add_ssm_inner_size(d_inner)
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
-    tokens, scores, types = _vocab(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    _add_vocab(w, n_vocab)
     w.add_unk_token_id(0)
 
     def lin(name: str, n_out: int, n_in: int) -> None:
@@ -272,13 +271,7 @@ def write_qwen2_q4_0(
     w.add_head_count_kv(kvh)
     w.add_rope_freq_base(1000000.0)
     w.add_layer_norm_rms_eps(1e-6)
-    tokens, scores, types = _vocab(vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    _add_vocab(w, vocab)
     for name, shape, qtype in shapes:  # the header first: every tensor's info, then the data one by one
         nbytes = int(np.prod(shape)) * 4 if qtype == f32 else shape[0] * (shape[1] // 32) * 18
         byte_shape = shape if qtype == f32 else (shape[0], nbytes // shape[0])

@@ -20,8 +20,9 @@ import pytest
 
 from edge.devices import step_loop
 from edge.devices.base import Decoder
-from edge.devices.batch import BatchEngine, _Piece
+from edge.devices.batch import BatchEngine, _Piece, pack_slots
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.past_arena import Packed
 from edge.devices.phase_split import PhaseSplitDecoder
 from edge.devices.step_loop import MIN_CHUNK, chunk_for, select
 from edge.errors import ContextOverflowError, DeviceError
@@ -155,7 +156,8 @@ def test_each_slot_decodes_as_the_decoder_alone(
 ) -> None:
     gg = open_gguf(files[name])
     engine = _slots_as_alone(lambda: GraphDecoder(gg, _options(backend, staged, capacity, slot_axis)))
-    # the steps really were shared: fewer runs than pieces, and some carried a prompt chunk beside decode rows
+    # the steps really were shared: fewer runs than pieces, and some took a prompt chunk beside decode rows
+    # (per slot: run apart, after them)
     assert engine.mean_batch > 1.5, engine.mean_batch
     assert engine.mixed_steps > 0
 
@@ -516,3 +518,43 @@ def test_the_per_slot_graph_alone_computes_what_the_packed_graph_does(
             assert ops.count("Attention") == dec.cfg.n_layer and "Softmax" not in ops
         dec.close()
     np.testing.assert_array_equal(got[1], got[0])
+
+
+def test_pack_slots_places_each_part_in_its_region_and_pads_with_its_last_row() -> None:
+    """Staged parts of 1 and 3 tokens (windows 32 and 3 wide) in regions 2 and 0 of 3 (region 1's slot sits
+    out): rows gathered per region with the last repeated, read back in packed order; masks, windows and
+    stage_index per region, a repeated row as its original; the absent region sees one finite column."""
+    room, rng = 8, np.random.default_rng(0)
+
+    def part(q: int, past: int, w: int, cols: list[int]) -> dict[str, np.ndarray]:
+        return {
+            "hidden": rng.standard_normal((1, q, 4)).astype(np.float32),
+            "positions": np.arange(q, dtype=np.int64),
+            "logit_rows": np.arange(q, dtype=np.int64),
+            "mask_0": rng.standard_normal((1, 1, q + 1, past + w)).astype(np.float32),
+            "stage_index": np.array([[[0, c] for c in cols]], np.int64),
+            "stage_key_0": rng.standard_normal((1, w, 2, 4)).astype(np.float32),
+            "stage_value_0": rng.standard_normal((1, w, 2, 4)).astype(np.float32),
+        }
+
+    a, b = part(1, 5, WINDOW, [7]), part(3, 8, 3, [0, 1, 2])
+    arena = {f"past_{kv}_0": np.zeros((3, room, 2, 4), np.float32) for kv in ("key", "value")}
+    past = Packed(arena, {"mask_0": ((2 * room, 0), 3 * room)}, (2, 0))
+    feeds, splits = pack_slots([a, b], 1, staged=True, past=past)
+    assert [s.tokens for s in splits] == [(0, 1), (1, 4)]
+    np.testing.assert_array_equal(feeds["slot_rows"], [[1, 2, 3, 3], [0, 0, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(feeds["row_back"], [[8, 0, 1, 2]])
+    mask = feeds["mask_0"]
+    assert mask.shape == (3, 1, 4, room + WINDOW)
+    np.testing.assert_array_equal(mask[2, 0, 0, :5], a["mask_0"][0, 0, 0, :5])
+    np.testing.assert_array_equal(mask[2, 0, 0, room:], a["mask_0"][0, 0, 0, 5:])
+    np.testing.assert_array_equal(mask[2, 0, 1:], np.repeat(mask[2, 0, :1], 3, axis=0))
+    np.testing.assert_array_equal(mask[0, 0, :3, room : room + 3], b["mask_0"][0, 0, :3, 8:])
+    assert np.isneginf(mask[0, 0, :3, room + 3 :]).all()  # past b's window: masked
+    np.testing.assert_array_equal(mask[0, 0, 3], mask[0, 0, 2])
+    assert (mask[1, 0, :, 0] == 0).all() and np.isneginf(mask[1, 0, :, 1:]).all()
+    np.testing.assert_array_equal(feeds["stage_index"][0], [[0, 0], [0, 1], [0, 2], [0, 2]])
+    np.testing.assert_array_equal(feeds["stage_index"][2], [[2, 7]] * 4)
+    windows = feeds["stage_key_0"]
+    assert windows.shape == (3, WINDOW, 2, 4) and not windows[0, 3:].any() and not windows[1].any()
+    np.testing.assert_array_equal(windows[0, :3], b["stage_key_0"][0])
