@@ -52,7 +52,8 @@ def load(
     (fp32 math on the file's own blocks). The backend sizes the model first: `edge.InsufficientMemoryError`
     when it needs more than is free (`available_memory`: bytes to assume free instead of measuring).
     `parallel`: how many sequences the caller will run at once (`model.slots(n)` splits the model into that
-    many, on one copy of the weights); above 1, auto chooses among the backends that batch them.
+    many, on one copy of the weights); above 1, auto chooses among the backends that batch them, and the own
+    graphs are built with attention per slot (each slot's rows attend over its own KV only).
     `plan`: the model split by phase, "prefill=B:D[:P],decode=B:D[:P]" (e.g.
     "prefill=openvino:cpu:bf16,decode=ort:cpu": prompts in bf16 on the matrix engine, tokens on ORT's int8
     path; P is fast | exact | bf16, default `precision`), one KV cache between the halves, in place of
