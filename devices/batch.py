@@ -56,7 +56,7 @@ from edge.devices.base import Capabilities, Decoder, PhaseSplit
 from edge.devices.past_arena import Packed, PastArena
 from edge.devices.ring_decoder import RingDecoder, RingGeometry
 from edge.devices.runners import Runner
-from edge.devices.step_loop import LINGER_S, MIN_CHUNK, StepLoop
+from edge.devices.step_loop import LINGER_S, StepLoop
 from edge.errors import DeviceError
 from edge.kvcache import RollbackError, StepView
 from edge.kvcache.ring import NEG_INF
@@ -68,7 +68,7 @@ __all__ = ["BatchEngine", "SlotDecoder", "pack", "pack_slots"]
 COPY_TRIES = 3  # prefix copies a sibling's moving KV voided before this slot prefills the prompt itself
 # Attention per slot: the most tokens a piece carries packed beside other slots' (a drafted verify: at most
 # max_rollback + 1 = 17); a longer one (a prompt's piece) runs alone: a 3,000-token prompt's last 24 tokens
-# packed beside 3 decode rows made each of them 24 rows over that slot's room (385 ms against ~30)
+# packed beside 3 decode rows made each of them 24 rows over that slot's room (that step 385 ms)
 SLOT_ROWS = 17
 
 
@@ -435,9 +435,7 @@ class SlotDecoder(RingDecoder):
         return self._engine
 
     def _piece_tokens(self, left: int) -> int:
-        if left <= min(self.chunk, MIN_CHUNK):  # one piece whatever the siblings do (a decode step)
-            return self.chunk
-        return self._engine.chunk_tokens(self, self.chunk)
+        return self._engine.chunk_tokens(self, self.chunk, left)
 
     @property
     def mask_layer(self) -> dict[int, int]:

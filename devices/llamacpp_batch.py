@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
-from edge.devices.step_loop import MIN_CHUNK, StepLoop
+from edge.devices.step_loop import StepLoop
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache import RollbackError
 from edge.kvcache.staging import WINDOW
@@ -262,8 +262,7 @@ class LlamaCppSlot:
         try:
             k = 0
             while k < len(toks):  # each piece sized when it is cut: smaller beside streaming siblings
-                left = len(toks) - k
-                part = toks[k : k + (CHUNK if left <= MIN_CHUNK else self._engine.chunk_tokens(self, CHUNK))]
+                part = toks[k : k + self._engine.chunk_tokens(self, CHUNK, len(toks) - k)]
                 final = k + len(part) >= len(toks)
                 want = "all" if not last_only else "last" if final else "none"
                 urgent = k > 0 or (last_only and len(toks) > 1)  # as devices/batch.py's slots

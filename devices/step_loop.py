@@ -105,10 +105,13 @@ class StepLoop:
             self._thread.join()
         return last
 
-    def chunk_tokens(self, slot: object, full: int) -> int:
-        """How many prompt tokens `slot`'s next piece carries: `full` while no other slot streams (the last
-        step carried none, none waits: a slot whose request just ended still counts for one step), else
-        `chunk_for`'s share at the measured prompt rate."""
+    def chunk_tokens(self, slot: object, full: int, left: int) -> int:
+        """How many of the `left` tokens of `slot`'s forward its next piece carries (at most `full`, its
+        decoder's chunk): all that fit in one piece anyway (a decode step: no lock taken), `full` while no
+        other slot streams (the last step carried none, none waits: a slot whose request just ended still
+        counts for one step), else `chunk_for`'s share at the measured prompt rate."""
+        if left <= min(full, MIN_CHUNK):
+            return full
         with self._cond:
             others = any(s != id(slot) for s in self._expected) or any(
                 p.slot is not slot for p in self._waiting

@@ -56,8 +56,9 @@ def _per_slot_source(q5: ir.Value) -> ir.Value:
     node = q5.producer()
     if node is not None and node.op_type == "Squeeze":
         inner = node.inputs[0].producer() if node.inputs[0] is not None else None
-        if inner is not None and inner.op_type == "Gather":
-            return inner.inputs[0]  # type: ignore[return-value]
+        index = inner.inputs[1] if inner is not None and inner.op_type == "Gather" else None
+        if index is not None and index.name == "slot_rows":
+            return inner.inputs[0]  # type: ignore[return-value,union-attr]
     return q5
 
 

@@ -423,9 +423,8 @@ class _Builder:
             ],
         )
         hd_all = cfg.n_head * cfg.head_dim
-        if (
-            self.opts.slot_axis
-        ):  # [slots, kvh, grp, m, hd] -> [slots * m, h*hd] -> the packed rows' [1, q, h*hd]
+        if self.opts.slot_axis:
+            # [slots, kvh, grp, m, hd] -> [slots * m, h*hd] -> the packed rows' [1, q, h*hd]
             ctx = g.op(
                 "Reshape", [g.op("Transpose", [ctx], perm=[0, 3, 1, 2, 4]), g.const([-1, hd_all], np.int64)]
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -24,7 +24,7 @@ from edge.devices.batch import BatchEngine, _Piece, pack_slots
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.past_arena import Packed
 from edge.devices.phase_split import PhaseSplitDecoder
-from edge.devices.step_loop import MIN_CHUNK, chunk_for, select
+from edge.devices.step_loop import MIN_CHUNK, StepLoop, chunk_for, select
 from edge.errors import ContextOverflowError, DeviceError
 from edge.kvcache import RingKVCache
 from edge.kvcache.staging import WINDOW
@@ -447,6 +447,39 @@ def test_a_prompt_beside_streaming_slots_is_cut_smaller() -> None:
     assert chunk_for(256, True, per_token / 100) == 256  # a fast prompt: the whole chunk
     assert chunk_for(256, True, 1.0) == MIN_CHUNK  # a slow one: no smaller than MIN_CHUNK
     assert chunk_for(40, True, None) == 40  # never more than the decoder's chunk
+
+
+def test_the_prompt_rate_comes_from_chunk_steps_and_sizes_pieces_beside_streams() -> None:
+    """A step that carried a chunk of at least MIN_CHUNK tokens adds to the prompt rate (its whole time per
+    chunk token, older steps halved); a prompt's short last piece does not. A slot sizes its pieces from that
+    rate only while another slot streams, and a forward that fits one piece never asks."""
+
+    @dataclass
+    class _Timed:
+        slot: object
+        chunk: bool
+        n: int
+        error: BaseException | None = None
+
+    loop = StepLoop()
+    loop._open_slot()  # its release stops the loop's thread
+    me, other = object(), object()
+    try:
+        assert loop.chunk_tokens(me, 256, 1_000) == 256  # alone: the whole chunk
+        loop._expected = {id(other)}  # the last step carried another slot: it streams
+        assert loop.chunk_tokens(me, 256, 1_000) == MIN_CHUNK  # not measured yet
+        assert loop.chunk_tokens(me, 256, MIN_CHUNK) == 256  # fits one piece: cut as one
+        per_token = step_loop.CHUNK_TARGET_S / 100
+        loop._timed([_Timed(other, chunk=True, n=128)], 128 * per_token)
+        assert loop.chunk_tokens(me, 256, 1_000) == 3 * WINDOW  # 100 tokens fit: 3 windows
+        loop._timed([_Timed(other, chunk=True, n=MIN_CHUNK - 1)], 10.0)  # a prompt's last piece: left out
+        loop._timed([_Timed(other, chunk=False, n=1)], 10.0)  # no chunk in the step
+        assert loop.chunk_tokens(me, 256, 1_000) == 3 * WINDOW
+        # 10x faster: the sums so far halved, then this step added: 76.8 / 192 of the first rate, 250 fit
+        loop._timed([_Timed(other, chunk=True, n=128)], 128 * per_token / 10)
+        assert loop.chunk_tokens(me, 256, 1_000) == 7 * WINDOW
+    finally:
+        loop._release_slot()
 
 
 def test_a_slots_prompt_takes_small_pieces_while_a_sibling_streams(
