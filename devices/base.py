@@ -41,6 +41,7 @@ class KVFill:
     fill: int  # slots in use
     ring: bool  # a ring buffer: it wraps, keeping `sink` first tokens; False: a linear cache that overflows
     sink: int = 0  # slots pinned to the first tokens when the ring wraps
+    dtype: str = "f32"  # the K/V's element type: f32 | f16 (--kv-dtype)
 
 
 @dataclass(frozen=True)

@@ -67,13 +67,16 @@ class GraphOptions:
     # attention per slot (models/transformer.BuildOptions.slot_axis): what `slots` packs then attends over each
     # slot's own past only; the load sets it where the model will be split into slots (--parallel)
     slot_axis: bool = False
+    # the ring's element type, which the graph's K/V inputs take (models/transformer.BuildOptions.kv_dtype)
+    kv_dtype: str = "f32"
 
 
 def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None, fuse: bool, precision: str) -> Path:
     st = gguf.path.stat()
     fields = asdict(build)
-    if not build.slot_axis:  # the graphs cached before the option keep their keys
-        del fields["slot_axis"]
+    for name in ("slot_axis", "kv_dtype"):  # the graphs cached before these options keep their keys
+        if fields[name] == getattr(BuildOptions, name):
+            del fields[name]
     key = json.dumps(
         [str(gguf.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, fields]
         + ([f"target:{target}", f"fuse:{fuse}", f"precision:{precision}"] if target else []),
@@ -221,6 +224,7 @@ def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:
         long_rope=cfg.long_rope(opts.capacity),
         staged=GraphDecoder._staged(opts),
         slot_axis=opts.slot_axis and not opts.static_shapes,
+        kv_dtype=opts.kv_dtype,
     )
 
 

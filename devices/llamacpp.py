@@ -30,6 +30,7 @@ class LlamaCppOptions:
     # llama.cpp's use_extra_bufts model parameter: weights repacked for its matrix kernels (AMX, the CPU repack
     # buffer); False keeps them as in the file. devices/native_check.py decides it per machine (issue #29)
     extra_bufts: bool = True
+    kv_dtype: str = "f16"  # its K and V cache's type: f16 (llama.cpp's default) | f32
 
 
 def import_llama_cpp():  # type: ignore[no-untyped-def]
@@ -43,6 +44,7 @@ def import_llama_cpp():  # type: ignore[no-untyped-def]
 
 
 _LOAD_LOCK = threading.Lock()
+_GGML_TYPES = {"f32": 0, "f16": 1}  # ggml_type's GGML_TYPE_F32 / GGML_TYPE_F16 (llama_context_params.type_k)
 
 
 class _NoChatFormatter:
@@ -94,8 +96,9 @@ class LlamaCppDecoder:
         opts = options or LlamaCppOptions()
         source = as_checked(model).source()
         path = source.path  # llama.cpp reads only what edge's checks passed
-        # the context's f16 K and V from the file's metadata, as the load's memory check sizes them (slots)
-        self._kv_bytes = llamacpp_memory(source.gguf, opts.n_ctx).kv_cache
+        # the context's K and V from the file's metadata, as the load's memory check sizes them (slots)
+        self._kv_bytes = llamacpp_memory(source.gguf, opts.n_ctx, opts.kv_dtype).kv_cache
+        self._kv_dtype = opts.kv_dtype
         llama_cpp = import_llama_cpp()
         if opts.device not in ("cpu", "gpu"):
             raise DeviceError(f"llamacpp runs on cpu or gpu, not {opts.device!r}", hint="use --device cpu")
@@ -119,6 +122,8 @@ class LlamaCppDecoder:
                     n_gpu_layers=-1 if opts.device == "gpu" else 0,
                     logits_all=False,
                     seed=opts.seed,
+                    type_k=_GGML_TYPES[opts.kv_dtype],
+                    type_v=_GGML_TYPES[opts.kv_dtype],
                     verbose=False,
                 )
         except ValueError as exc:  # llama-cpp-python's way of saying the model did not load
@@ -239,7 +244,7 @@ class LlamaCppDecoder:
         return list(engine.slots())
 
     def kv_fill(self) -> KVFill:
-        return KVFill(self.position, self.n_ctx, self.position, ring=False)
+        return KVFill(self.position, self.n_ctx, self.position, ring=False, dtype=self._kv_dtype)
 
     def close(self) -> None:
         llama = getattr(self, "_llama", None)

@@ -33,7 +33,8 @@ class MemoryEstimate:
         return self.weights + self.kv_cache + self.scratch
 
 
-MemoryEstimator = Callable[[GGUFFile, int], MemoryEstimate]
+MemoryEstimator = Callable[[GGUFFile, int, str], MemoryEstimate]  # (file, n_ctx, KV type: f32 | f16)
+_KV_BYTES = {"f32": 4, "f16": 2}
 
 
 @dataclass(frozen=True)
@@ -69,24 +70,24 @@ def _weights(gguf: GGUFFile) -> int:
     return sum(t.nbytes for t in gguf.tensors.values())
 
 
-def llamacpp_memory(gguf: GGUFFile, n_ctx: int, n_batch: int = 512) -> MemoryEstimate:
-    """llama.cpp: the mapped file, an f16 K and V per layer for the context padded to 256, and the attention
-    scores of one batch of `n_batch` tokens."""
+def llamacpp_memory(gguf: GGUFFile, n_ctx: int, kv_dtype: str = "f16", n_batch: int = 512) -> MemoryEstimate:
+    """llama.cpp: the mapped file, a K and V per layer in `kv_dtype` for the context padded to 256, and the
+    attention scores of one batch of `n_batch` tokens."""
     s = _shape(gguf)
     n_ctx = -(-n_ctx // 256) * 256
-    kv = 2 * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
+    kv = _KV_BYTES[kv_dtype] * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
     scratch = 4 * min(n_batch, n_ctx) * (s.n_head * n_ctx + 8 * s.n_embd) + (32 << 20)
-    return MemoryEstimate(_weights(gguf), kv, scratch, "f16")
+    return MemoryEstimate(_weights(gguf), kv, scratch, kv_dtype)
 
 
-def graph_memory(gguf: GGUFFile, n_ctx: int, chunk: int = 256) -> MemoryEstimate:
+def graph_memory(gguf: GGUFFile, n_ctx: int, kv_dtype: str = "f32", chunk: int = 256) -> MemoryEstimate:
     """edge's graphs (ONNX Runtime, OpenVINO): the runtime's copy of the weights, imported as the file's blocks;
-    an fp32 ring of `n_ctx` slots per layer (an upper bound: sliding-window layers hold only their window); the
-    attention scores of one prefill chunk."""
+    a ring of `n_ctx` slots per layer in `kv_dtype` (an upper bound: sliding-window layers hold only their
+    window); the attention scores of one prefill chunk."""
     s = _shape(gguf)
-    kv = 4 * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
+    kv = _KV_BYTES[kv_dtype] * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
     scratch = 4 * min(chunk, n_ctx) * (s.n_head * n_ctx + 8 * s.n_embd) + (32 << 20)
-    return MemoryEstimate(_weights(gguf), kv, scratch, "f32")
+    return MemoryEstimate(_weights(gguf), kv, scratch, kv_dtype)
 
 
 def check_fits(

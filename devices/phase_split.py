@@ -142,6 +142,7 @@ def _check_geometry(prefill: Half, decode: Half) -> None:
         "KV heads": (a.n_head_kv, b.n_head_kv),
         "head size": (a.head_dim, b.head_dim),
         "vocabulary": (a.n_vocab, b.n_vocab),
+        "KV type": (prefill._kv_dtype.__name__, decode._kv_dtype.__name__),
         "layer kinds": (prefill._kinds, decode._kinds),
         "KV slots": (
             [(x.capacity, x.window) for x in prefill._specs],
@@ -286,11 +287,13 @@ def open_phase_split(
     threads: int | None = None,
     static_prefill: Callable[[], PartitionedDecoder] | None = None,
     slots: bool = False,
+    kv_dtype: str = "f32",
 ) -> PhaseSplitDecoder:
     """Both halves of `plan` on the file (each builds or reuses its cached graph), as one decoder.
-    `static_prefill`: opens the prefill half as an NPU-shaped plan (devices/planned.py); the decode half then
-    takes its ring's capacity. `slots`: the split will be split into slots, whose decode rows the decode half
-    packs (its attention per slot; the prefill half runs one prompt at a time)."""
+        `static_prefill`: opens the prefill half as an NPU-shaped plan (devices/planned.py); the decode half then
+        takes its ring's capacity. `slots`: the split will be split into slots, whose decode rows the decode half
+        packs (its attention per slot; the prefill half runs one prompt at a time). `kv_dtype`: the one ring's type
+    (f32 | f16), which both halves' graphs read."""
 
     def half(h: PhaseHalf, kv: int, per_slot: bool = False) -> GraphDecoder:
         opts = GraphOptions(
@@ -300,6 +303,7 @@ def open_phase_split(
             threads=threads,
             precision=h.precision,
             slot_axis=per_slot,
+            kv_dtype=kv_dtype,
         )
         return GraphDecoder(gguf, opts)
 

@@ -19,6 +19,9 @@ class Placement:
     device: str
     fallback: str | None = None  # "npu -> cpu" when the requested device was replaced
     auto: Choice | None = field(default=None, compare=False)  # --backend auto: what it chose and why
+    # what the load chose for the user beyond the device (said once, as a fallback is): the KV cache in f16
+    # where --kv-dtype auto's f32 would not fit (devices/planned._fit_kv)
+    note: str | None = field(default=None, compare=False)
 
 
 def _usable(inventory: Inventory, backend: str) -> list[str]:

@@ -34,6 +34,7 @@ from edge.devices.planner import (
     parse_device,
     plan,
 )
+from edge.devices.precision import check_f32_kv, kv_dtype_for
 from edge.devices.registry import BACKENDS, DecoderOptions, estimate_memory
 from edge.errors import (
     BackendUnavailableError,
@@ -72,6 +73,7 @@ class PlannedOptions:
     # sequences that will run at once (slots, each its own KV): auto prefers the backends that batch
     # (devices/auto.py), and a split by phase must hold that many KV caches beside both halves' weights
     parallel: int = 1
+    kv_dtype: str = "auto"  # the KV cache's type: auto | f32 | f16 (devices/precision.kv_dtype_for)
 
     @property
     def batching(self) -> bool:
@@ -198,6 +200,11 @@ class DeviceRequest:
     phases: str | None = None
 
 
+def _plan_kv(options: PlannedOptions) -> str:
+    """A partitioned plan's KV type: f32 (its graphs take f32 K/V); auto is f32 there."""
+    return "f32" if options.kv_dtype == "auto" else options.kv_dtype
+
+
 def _kv_per_token(cfg: ArchConfig) -> list[int]:
     return [2 * cfg.n_head_kv * cfg.head_dim * 4] * cfg.n_layer  # fp32 K and V (kvcache's dtype)
 
@@ -224,11 +231,49 @@ class Opening:
     open: Callable[[], tuple[Decoder, Placement]]
 
 
-def _check_fits(backend: str, model: CheckedModel, n_ctx: int, available: int | None) -> None:
+def _check_fits(
+    backend: str, model: CheckedModel, n_ctx: int, options: PlannedOptions, device: str = "cpu"
+) -> None:
     """The backend sizes the model before anything is allocated (InsufficientMemoryError when it cannot fit)."""
-    need = estimate_memory(backend, model, n_ctx)
+    need = estimate_memory(backend, model, n_ctx, _decoder_options(options), device)
     if need is not None:
-        check_fits(need, model.path.name, backend, n_ctx, available)
+        check_fits(need, model.path.name, backend, n_ctx, options.available_memory)
+
+
+def _fit_kv(
+    backend: str, model: CheckedModel, n_ctx: int, options: PlannedOptions, device: str
+) -> tuple[PlannedOptions, str | None]:
+    """`_check_fits`, except where --kv-dtype auto's f32 ring does not fit and an f16 one does (at precision
+    fast): the options with f16 then, and the note that says so. The user asked for a context, not a type."""
+    try:
+        _check_fits(backend, model, n_ctx, options, device)
+        return options, None
+    except InsufficientMemoryError as exc:
+        auto_f32 = (
+            options.kv_dtype == "auto" and kv_dtype_for("auto", backend, device, options.precision) == "f32"
+        )
+        if not auto_f32 or options.precision != "fast":
+            raise
+        half = replace(options, kv_dtype="f16")
+        try:
+            _check_fits(backend, model, n_ctx, half, device)
+        except InsufficientMemoryError:
+            raise exc from None
+        need, free = exc.needed >> 20, exc.available >> 20
+    return half, (
+        f"the KV cache is kept in f16 (keys and values rounded to fp16): in f32 the model needs about {need} "
+        f"MiB and {free} MiB is available (--kv-dtype f32 asks for f32 regardless)"
+    )
+
+
+def _decoder_options(options: PlannedOptions) -> DecoderOptions:
+    return DecoderOptions(
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        precision=options.precision,
+        slots=options.batching,
+        kv_dtype=options.kv_dtype,
+    )
 
 
 def resolve_request(
@@ -250,9 +295,7 @@ def resolve_request(
     mode, targets = parse_device(request.device)
     if request.emulate and (mode != "single" or targets[0].kind != "npu"):
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
-    dopts = DecoderOptions(
-        n_ctx=options.n_ctx, n_threads=options.threads, precision=options.precision, slots=options.batching
-    )
+    dopts = _decoder_options(options)
     asked = None if request.backend in (None, AUTO) else request.backend  # auto: edge chooses
     if mode == "single" and not request.emulate:
         return _open_single(model, request, options, targets[0], asked, dopts)
@@ -311,14 +354,19 @@ def _open_phases(
     split = replace(split, prefill=halves[0], decode=halves[1])
     # an NPU half's static graphs hold min(n_ctx, static_capacity) slots, and the split's ring with them
     ctx = min(options.n_ctx, options.static_capacity) if split.prefill.device == "npu" else options.n_ctx
-    estimates = [estimate_memory(h.backend, model, ctx) for h in halves]
+    # one ring between the halves: the decode half's type, which reads it every step
+    kv = kv_dtype_for(options.kv_dtype, split.decode.backend, split.decode.device, split.decode.precision)
+    if split.prefill.device == "npu":
+        check_f32_kv(kv, "an NPU-shaped prefill half")
+    sized = replace(_decoder_options(options), kv_dtype=kv)
+    estimates = [estimate_memory(h.backend, model, ctx, sized, h.device) for h in halves]
     if all(e is not None for e in estimates):
         a, b = estimates
         assert a is not None and b is not None
         # both halves hold their weights; the KV is the split's one ring (the halves' own stay unwritten), or
         # one per slot when it serves parallel sequences
-        kv = a.kv_cache * max(1, options.parallel)
-        need = MemoryEstimate(a.weights + b.weights, kv, a.scratch + b.scratch, a.kv_dtype)
+        rings = a.kv_cache * max(1, options.parallel)
+        need = MemoryEstimate(a.weights + b.weights, rings, a.scratch + b.scratch, kv)
         check_fits(need, model.path.name, split.backend, ctx, options.available_memory)
     said = "; ".join(f for f in (fallback, *fallbacks) if f) or None
     where = Placement(split.backend, split.device, said, auto=auto)
@@ -336,6 +384,7 @@ def _open_phases(
             threads=options.threads,
             static_prefill=static,
             slots=options.batching and static is None,  # slots refuse a static half (replicas then)
+            kv_dtype=kv,
         )
         return dec, where
 
@@ -412,8 +461,8 @@ def _open_single(
                 return opening
             choice = opening
         placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
-    _check_fits(placement.backend, model, options.n_ctx, options.available_memory)
-    single = placement
+    options, note = _fit_kv(placement.backend, model, options.n_ctx, options, placement.device)
+    single, dopts = replace(placement, note=note), _decoder_options(options)
     if single.auto is not None:
         return Opening(single, None, lambda: _open_auto(model, single, dopts))
     return Opening(single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single))
@@ -459,6 +508,7 @@ def _open_artifact_partitions(
         if dev is None or BACKENDS[dev.backend].runner is None:
             raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
         where.append((dev.backend, dev.kind))
+    check_f32_kv(_plan_kv(options), f"{path.name} (an edge convert artifact)")
     popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads, precision=options.precision)
     backends = "+".join(dict.fromkeys(b for b, _ in where))
     kinds = "+".join(dict.fromkeys(k for _, k in where))
@@ -491,10 +541,11 @@ def _open_plan(
     plan_ = plan(profile, profiles, mode, targets, fallback=request.fallback)
     first = plan_.partitions[0].device
     # one partition or several, they hold the whole model and one KV between them: their backend sizes it
-    _check_fits(first.backend, model, ctx, options.available_memory)
+    _check_fits(first.backend, model, ctx, options, first.kind)
     where = _placement_of(plan_)
     if len(plan_.partitions) == 1 and not plan_.static:
         return Opening(where, plan_, lambda: (open_decoder(first.backend, model, first.kind, dopts), where))
+    check_f32_kv(_plan_kv(options), f"the {'NPU-shaped' if plan_.static else 'partitioned'} plan")
     return Opening(where, plan_, lambda: (open_planned_decoder(model.path, plan_, options, log=log), where))
 
 

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["BF16", "HALF_PRECISIONS", "PRECISIONS", "check_precision", "graph_precision"]
+from edge.errors import PlanError
+from edge.kvcache.spec import KV_DTYPES
+
+__all__ = [
+    "BF16",
+    "HALF_PRECISIONS",
+    "KV_CHOICES",
+    "PRECISIONS",
+    "check_f32_kv",
+    "check_precision",
+    "graph_precision",
+    "kv_dtype_for",
+]
 
 # fast: a backend may quantize activations to int8 (ORT accuracy level 4, OpenVINO's dynamic quantization)
 # and keep lower-precision state, as llama.cpp does; exact: fp32 math on the file's own blocks
@@ -26,3 +38,38 @@ def graph_precision(precision: str) -> str:
     """The precision the graph is built at: bf16 runs the exact graph (float zero points, no int8 lowerings);
     the runtime does the rounding."""
     return "exact" if precision == BF16 else precision
+
+
+# --kv-dtype: auto, or one of the ring's types (kvcache/spec.py)
+KV_CHOICES = ("auto", *KV_DTYPES)
+# Where auto keeps the KV in f16: llama.cpp (its own default cache type) and OpenVINO's GPU, which runs the
+# graph in fp16 anyway. On a CPU the own graphs keep f32: neither ONNX Runtime's nor OpenVINO's CPU attention
+# reads fp16 K/V, so the graph widens the ring every step, which costs 1-10% of a decode step there
+# (benchmarks/results/bench-depth-*-2026-12-05*.md); f16 is asked for where memory matters more.
+_F16_GRAPHS = {("openvino", "gpu")}
+
+
+def kv_dtype_for(requested: str, backend: str, device: str, precision: str) -> str:
+    """The KV cache's type for `requested` (KV_CHOICES) on (backend, device) at `precision`: "f32" or "f16".
+    ValueError for an unknown name, and for f16 at precision exact on the own graphs (exact keeps f32 K/V)."""
+    if requested not in KV_CHOICES:
+        raise ValueError(f"--kv-dtype must be {' or '.join(KV_CHOICES)}, not {requested!r}")
+    if requested == "auto":
+        if backend == "llamacpp":  # one precision, whatever --precision says
+            return "f16"
+        return "f16" if (backend, device) in _F16_GRAPHS and precision == "fast" else "f32"
+    if requested == "f16" and precision == "exact" and backend != "llamacpp":
+        raise ValueError(
+            "--precision exact keeps the KV cache in f32 (f16 rounds every key and value); "
+            "use --kv-dtype f32 or auto, or --precision fast"
+        )
+    return requested
+
+
+def check_f32_kv(kv_dtype: str, what: str) -> None:
+    """`what` holds its K/V in f32 only (graphs built before --kv-dtype, partitioned plans): f16 is refused."""
+    if kv_dtype != "f32":
+        raise PlanError(
+            f"{what} keeps its KV cache in f32; --kv-dtype {kv_dtype} runs on whole-model graphs and llama.cpp",
+            hint="use --kv-dtype f32 or auto",
+        )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edge.devices.base import Decoder
 from edge.devices.memory import MemoryEstimate, MemoryEstimator, graph_memory, llamacpp_memory
-from edge.devices.precision import PRECISIONS, check_precision
+from edge.devices.precision import KV_CHOICES, PRECISIONS, check_f32_kv, check_precision, kv_dtype_for
 from edge.devices.probes import BackendStatus, probe_coreml, probe_llamacpp, probe_openvino, probe_ort
 from edge.devices.runners import GRAPH_RUNNERS, Runner, RunnerOptions, graph_runner
 from edge.errors import BackendUnavailableError
@@ -44,9 +44,12 @@ class DecoderOptions:
     # the decoder will be split into slots (`edge serve --parallel N`): the own graphs attend per slot
     # (devices/graph_decoder.GraphOptions.slot_axis)
     slots: bool = False
+    kv_dtype: str = "auto"  # the KV cache's type: auto | f32 | f16 (devices/precision.kv_dtype_for)
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
+        if self.kv_dtype not in KV_CHOICES:
+            raise ValueError(f"kv_dtype must be {' or '.join(KV_CHOICES)}, not {self.kv_dtype!r}")
 
 
 BackendFactory = Callable[[CheckedModel, str, DecoderOptions], Decoder]
@@ -62,7 +65,11 @@ def _llamacpp(model: CheckedModel, device: str, opts: DecoderOptions) -> Decoder
     # the configuration that passed its known-answer check here (a child process, once per build and CPU)
     config = llamacpp_config()
     lopts = LlamaCppOptions(
-        n_ctx=opts.n_ctx, n_threads=opts.n_threads, device=device, extra_bufts=config.extra_bufts
+        n_ctx=opts.n_ctx,
+        n_threads=opts.n_threads,
+        device=device,
+        extra_bufts=config.extra_bufts,
+        kv_dtype=kv_dtype_for(opts.kv_dtype, "llamacpp", device, opts.precision),
     )
     return LlamaCppDecoder(source, lopts)
 
@@ -71,8 +78,11 @@ def _graph(backend: str) -> BackendFactory:
     def factory(model: CheckedModel, device: str, opts: DecoderOptions) -> Decoder:
         from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 
+        kv_dtype = kv_dtype_for(opts.kv_dtype, backend, device, opts.precision)
         if model.artifact is not None:  # `edge convert` output: its partitions, all on this backend
             from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
+
+            check_f32_kv(kv_dtype, f"{model.path.name} (an edge convert artifact)")
 
             popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
             return open_artifact_decoder(model.path, backend, device=device, options=popts)
@@ -84,6 +94,7 @@ def _graph(backend: str) -> BackendFactory:
             precision=opts.precision,
             spin=opts.spin,
             slot_axis=opts.slots,
+            kv_dtype=kv_dtype,
         )
         return GraphDecoder(model.gguf, graph)
 
@@ -134,14 +145,21 @@ def require_backend(backend: str) -> Backend:
     return entry
 
 
-def estimate_memory(backend: str, model: CheckedModel | Path, n_ctx: int) -> MemoryEstimate | None:
-    """What `backend` takes for `model` with `n_ctx` tokens of KV; None for an `edge convert` artifact (its
-    partitions are not sized here)."""
+def estimate_memory(
+    backend: str,
+    model: CheckedModel | Path,
+    n_ctx: int,
+    options: DecoderOptions | None = None,
+    device: str = "cpu",
+) -> MemoryEstimate | None:
+    """What `backend` takes for `model` with `n_ctx` tokens of KV (in the type `options` give it on `device`);
+    None for an `edge convert` artifact (its partitions are not sized here)."""
     model = as_checked(model)
     entry = require_backend(backend)
     if entry.memory is None or model.artifact is not None:
         return None
-    return entry.memory(model.gguf, n_ctx)
+    opts = options or DecoderOptions()
+    return entry.memory(model.gguf, n_ctx, kv_dtype_for(opts.kv_dtype, backend, device, opts.precision))
 
 
 def open_decoder(

@@ -16,6 +16,7 @@ from edge.devices.base import Capabilities, KVFill
 from edge.devices.runners import Runner
 from edge.errors import ContextOverflowError, DeviceError, EdgeError
 from edge.kvcache import LayerSpec, RingKVCache, StepView
+from edge.kvcache.spec import kv_numpy_dtype
 from edge.kvcache.staging import bound_prefix, split_windows, windowed
 from edge.models.arch import ArchConfig
 from edge.models.transformer import layer_kinds
@@ -35,6 +36,7 @@ class RingGeometry(Protocol):
     max_rollback: int
     prefill_chunk: int
     static_shapes: bool
+    kv_dtype: str
 
 
 class RingDecoder:
@@ -58,6 +60,7 @@ class RingDecoder:
         prefill_chunk: int,
         bind_all: bool,
         static_q: int | None = None,
+        kv_dtype: str = "f32",
     ) -> None:
         """KV slots: `capacity` for global layers, `local_capacity` (default: the window, at most `capacity`)
         for sliding-window ones. `bind_all`: every KV slot is bound each step (static shapes); `static_q`: the
@@ -76,6 +79,7 @@ class RingDecoder:
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self._policy, self._max_rollback, self._default_sink = policy, max_rollback, sink
         self._prefill_chunk, self._bind_all, self._static_q = prefill_chunk, bind_all, static_q
+        self._kv_dtype = kv_numpy_dtype(kv_dtype)
         self.cache = self._new_cache(sink)
         # past-prefix views per (layer, slots), of this cache (see _past_feeds)
         self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -103,10 +107,17 @@ class RingDecoder:
             max_rollback=g.max_rollback,
             prefill_chunk=g.prefill_chunk,
             bind_all=g.static_shapes,
+            kv_dtype=g.kv_dtype,
         )
 
     def _new_cache(self, sink: int) -> RingKVCache:
-        return RingKVCache(self._specs, sink=sink, policy=self._policy, max_rollback=self._max_rollback)  # type: ignore[arg-type]
+        return RingKVCache(
+            self._specs,
+            sink=sink,
+            policy=self._policy,  # type: ignore[arg-type]
+            max_rollback=self._max_rollback,
+            dtype=self._kv_dtype,
+        )
 
     def _set_chunk(self) -> None:
         self.chunk = max(1, min(self._static_q or self._prefill_chunk, self.cache.max_step))
@@ -252,9 +263,12 @@ class RingDecoder:
 
     def kv_fill(self) -> KVFill:
         cache = self.cache
+        dtype = "f16" if cache.dtype == np.float16 else "f32"
         if not cache.capacity:  # every layer holds its whole window: nothing ever wraps
-            return KVFill(cache.position, self.n_ctx, cache.position, ring=False)
-        return KVFill(cache.position, int(cache.capacity), cache.fill, ring=True, sink=cache.sink)
+            return KVFill(cache.position, self.n_ctx, cache.position, ring=False, dtype=dtype)
+        return KVFill(
+            cache.position, int(cache.capacity), cache.fill, ring=True, sink=cache.sink, dtype=dtype
+        )
 
     def rollback(self, n: int) -> None:
         with self._lock:

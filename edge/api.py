@@ -36,6 +36,7 @@ def load(
     on_progress: PullProgress | None = None,
     parallel: int = 1,
     plan: str | None = None,
+    kv_dtype: str = "auto",
 ) -> Model:
     """Load a catalog model (pulled and checked on first use) or a local .gguf file (or `edge convert` output).
 
@@ -58,6 +59,9 @@ def load(
     "prefill=openvino:cpu:bf16,decode=ort:cpu": prompts in bf16 on the matrix engine, tokens on ORT's int8
     path; P is fast | exact | bf16, default `precision`), one KV cache between the halves, in place of
     `backend` and `device`; `edge.PlanError` when it does not parse or its halves cannot run together.
+    `kv_dtype`: the KV cache's type, "auto" (f32 on the own graphs on a CPU, whose attention reads f32; f16
+    on llama.cpp and a GPU), "f32" or "f16" (half the KV memory at long contexts; keys and values rounded to
+    fp16, as llama.cpp keeps them; not with precision "exact").
     `on_progress(done, total, phase)` sees what a first load waits for. The pull of a catalog model not
     downloaded yet, in bytes: phase "download" while it arrives, then "verified" once. Then, when the model's
     graph for this backend (or its device plan's partitions) is not built yet, the build, once per model and
@@ -84,6 +88,7 @@ def load(
         draft_k=draft_k,
         parallel=parallel,
         plan=plan,
+        kv_dtype=kv_dtype,
     )
     checked = check_model(model, on_progress=on_progress)  # before any native code sees the file
     chat_template_of(checked)  # a template that cannot compile fails before a graph is built for it
@@ -106,6 +111,7 @@ def _open(checked: CheckedModel, opts: LoadOptions, on_progress: PullProgress | 
         precision=opts.precision,
         available_memory=opts.available_memory,
         parallel=opts.parallel,
+        kv_dtype=opts.kv_dtype,
     )
     with reporting(on_progress):  # the graph builds below (devices/graph_decoder.py, devices/planned.py)
         opening = resolve_request(checked, request, popts)  # where it runs, and whether it fits there

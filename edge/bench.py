@@ -180,6 +180,7 @@ class BenchReport:
                 "threads": self.machine["threads"],
                 "depth": c.depth,
                 "n_ctx": c.n_ctx,
+                "kv_dtype": c.kv_dtype,
                 "order": "interleaved: each round runs every backend once, in the order given",
             },
             "machine": self.machine,
@@ -240,9 +241,13 @@ def _open(entry: str, model: CheckedModel, cfg: BenchConfig) -> Decoder:
         else:
             emulate = entry == "npu-emulated"
             request = DeviceRequest(None, "npu" if emulate else entry, None, emulate)
-        popts = PlannedOptions(n_ctx=cfg.n_ctx, threads=cfg.threads, precision=cfg.precision)
+        popts = PlannedOptions(
+            n_ctx=cfg.n_ctx, threads=cfg.threads, precision=cfg.precision, kv_dtype=cfg.kv_dtype
+        )
         return open_requested(model, request, popts)[0]
-    dopts = DecoderOptions(n_ctx=cfg.n_ctx, n_threads=cfg.threads, precision=cfg.precision)
+    dopts = DecoderOptions(
+        n_ctx=cfg.n_ctx, n_threads=cfg.threads, precision=cfg.precision, kv_dtype=cfg.kv_dtype
+    )
     return open_decoder(entry, model, cfg.device, dopts)
 
 
@@ -574,6 +579,8 @@ def _record_for_auto(path: Path, cfg: BenchConfig, results: Sequence[BackendResu
         return False
     if cfg.prompt_tokens < AUTO_MIN_PROMPT or cfg.gen_tokens < AUTO_MIN_GEN or cfg.depth:
         return False  # too short for a rate, or at a depth: auto decides by an empty KV's speeds
+    if cfg.kv_dtype != "auto":
+        return False  # auto decides by the KV types it loads with
     speeds = {
         r.backend: Speed(r.prefill_tok_s.median, r.decode_tok_s.median, r.prefill_warm_tok_s.median)
         for r in results

@@ -37,6 +37,7 @@ class BenchConfig:
     # each through the planner, with the time of each of its partitions
     plans: tuple[str, ...] = ()
     precision: str = "fast"  # the graph backends' (llama.cpp has one)
+    kv_dtype: str = "auto"  # the KV cache's type (--kv-dtype: devices/precision.kv_dtype_for)
     # --json-schema / --json-object: also decode under this grammar's mask (edge/grammar.py), same round
     grammar: Grammar | None = None
     # --depth: tokens already in the KV before the prompt (their prefill is not timed), as llama-bench's -d

@@ -25,8 +25,8 @@ def _fmt(r: dict[str, Any], key: str) -> str:
 
 def _depth(settings: dict[str, Any]) -> str:
     """`--depth N`: the context in the KV before the prompt, named before it (absent in older reports)."""
-    depth = settings.get("depth", 0)
-    return f"depth {depth}, " if depth else ""
+    depth, kv = settings.get("depth", 0), settings.get("kv_dtype", "auto")
+    return ("" if kv == "auto" else f"KV {kv}, ") + (f"depth {depth}, " if depth else "")
 
 
 def bench_table(report: dict[str, Any]) -> Table:

@@ -167,6 +167,7 @@ def _run_json(m: Any, result: Any, args: argparse.Namespace, precision: str | No
         else {"source": p.auto.source, "why": p.auto.why, "plan": p.auto.plan},
         "backend_config": _backend_config(result.backend),
         "precision": precision,
+        "kv_dtype": m.decoder.kv_fill().dtype,
         "draft": None
         if s.draft is None
         else _draft_json(s.draft, result.backend, precision, invariant, args),
@@ -196,6 +197,8 @@ def _run_notes(m: Any, args: argparse.Namespace, config: Any, loaded: dict[str, 
         notes.append(f"edge: note: requested device unavailable, fallback {p.fallback}")
     if p.auto is not None and p.auto.note:
         notes.append(f"edge: note: {p.auto.note}")
+    if p.note:
+        notes.append(f"edge: note: {p.note}")
     if loaded is not None and loaded["note"]:  # not as built: announced, as a device fallback is
         notes.append(f"edge: note: llama.cpp runs with {loaded['note']}")
     if m.template is None and not args.raw:

@@ -34,6 +34,9 @@ PHASE_PLAN_HELP = (
 )
 
 
+KV_CHOICES = ("auto", "f32", "f16")
+
+
 def add_precision(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--precision",
@@ -61,6 +64,14 @@ def add_device_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
     )
     add_precision(group)
+    group.add_argument(
+        "--kv-dtype",
+        choices=KV_CHOICES,  # devices/precision.KV_CHOICES (this module imports no numpy: --help stays quick)
+        default="auto",
+        help="the KV cache's type: auto (f32 on edge's graphs on a CPU, f16 on llama.cpp and a GPU), f32, or "
+        "f16 (half the KV memory; keys and values rounded to fp16, as llama.cpp keeps them; not with "
+        "--precision exact)",
+    )
     group.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
     return group
 
@@ -108,6 +119,7 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "n_ctx": args.ctx_size,
         "n_threads": args.threads,
         "precision": args.precision,
+        "kv_dtype": args.kv_dtype,
         "draft": args.draft,
         "draft_device": args.draft_device,
         "draft_k": args.draft_k,

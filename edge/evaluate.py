@@ -46,6 +46,7 @@ class EvalConfig:
     max_ctx: int = 2048  # longer texts run in windows of this many tokens, the KV reset between them
     threads: int | None = None
     precision: str = "fast"  # the tested backend's
+    kv_dtype: str = "auto"  # the tested decoder's KV cache type (the reference's: auto)
     reference_precision: str = "fast"
     # the tested decoder split by phase, in place of `backend` (--plan prefill=B:D[:P],decode=B:D[:P])
     plan: str | None = None
@@ -172,9 +173,12 @@ def _open_test(
 ) -> tuple[Decoder, str]:
     """The tested decoder and its backend's name: `backend` alone, or the phase split `cfg.plan` names."""
     if cfg.plan is None:
-        return open_decoder(backend, checked, cfg.device, replace(opts, precision=cfg.precision)), backend
+        tested = replace(opts, precision=cfg.precision, kv_dtype=cfg.kv_dtype)
+        return open_decoder(backend, checked, cfg.device, tested), backend
     request = DeviceRequest(device=cfg.device, phases=cfg.plan)
-    options = PlannedOptions(n_ctx=opts.n_ctx, threads=cfg.threads, precision=cfg.precision)
+    options = PlannedOptions(
+        n_ctx=opts.n_ctx, threads=cfg.threads, precision=cfg.precision, kv_dtype=cfg.kv_dtype
+    )
     dec, placement, _ = open_requested(checked, request, options)
     return dec, placement.backend
 

@@ -574,6 +574,7 @@ class Model:
                         n_ctx=self.options.n_ctx,
                         n_threads=self.options.n_threads,
                         precision=self.options.precision,
+                        kv_dtype=self.options.kv_dtype,
                     ),
                 )
             except Exception:  # that one is unusable too (absent SDK, no such device): try the next

@@ -5,10 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+import numpy as np
+
 # ring: keep the sinks + the most recent tokens, evict the oldest; error: raise ContextOverflowError when a
 # step would evict a token a later query could attend to; truncate: never evict, admit only what still fits.
 OverflowPolicy = Literal["ring", "error", "truncate"]
 POLICIES: tuple[str, ...] = get_args(OverflowPolicy)
+
+# The ring's element types: f32, or f16 (half the bytes; K/V rounded to fp16, as llama.cpp's default cache)
+KV_DTYPES: tuple[str, ...] = ("f32", "f16")
+
+
+def kv_numpy_dtype(kv_dtype: str) -> type:
+    """numpy's type for one of KV_DTYPES (ValueError for any other name)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"the KV cache's type must be {' or '.join(KV_DTYPES)}, not {kv_dtype!r}")
+    return np.float16 if kv_dtype == "f16" else np.float32
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ def _zeros(cache: RingKVCache, n: int) -> tuple[np.ndarray, ...]:
     for spec in cache.layers:
         key = (spec.n_kv_heads, spec.head_dim)
         if key not in shapes:
-            shapes[key] = np.zeros((1, n, *key), np.float32)
+            shapes[key] = np.zeros((1, n, *key), cache.dtype)
         out.append(shapes[key])
     return tuple(out)
 

@@ -8,6 +8,7 @@ kind k: all dynamic; a static-shape device fixes them):
              positions   int64   [q]              absolute positions, for RoPE
              mask_<k>    float32 [1, 1, q, L_k+q]  additive mask over (past slots ++ new tokens) per KV kind
              past_key_<i>, past_value_<i>  float32 [1, L_k, kvh, hd]   a slot prefix of layer i's ring buffer
+                                                      (float16 with BuildOptions.kv_dtype "f16")
              logit_rows  int64   [r]              (with the head) positions within the step to score
     outputs  logits      float32 [1, r, vocab]    (with the head) else hidden_out [1, q, d]
              new_key_<i>, new_value_<i>  float32 [1, q, kvh, hd]    K (rotated) / V of the new tokens only
@@ -42,6 +43,7 @@ import numpy as np
 
 from edge.errors import ModelFormatError
 from edge.graph_opt.weight import BlockWeight, stack_rows, take_rows
+from edge.kvcache.spec import kv_numpy_dtype
 from edge.models.arch import GLOBAL_TENSORS, LAYER_TENSORS, ArchConfig
 from edge.models.gguf_file import GGUFFile
 from edge.models.weights import dequantize_rows, import_linear
@@ -68,6 +70,10 @@ class BuildOptions:
     # over their own slot's past ([slots, L, kvh, hd]) and window only, not every slot's columns; the contexts
     # go back to packed order through row_back. The linears still run on the packed rows. One slot: [1, q].
     slot_axis: bool = False
+    # The element type of the K/V the graph reads from the ring (past_*, stage_*): KV_DTYPES. "f16" halves the
+    # ring's bytes; the graph widens each input to f32 at its entry (no CPU runtime here reads fp16 K/V in its
+    # attention kernel: benchmarks/results/bench-depth-*), and its new K/V stay f32 (the ring rounds them).
+    kv_dtype: str = "f32"
 
 
 def layer_kinds(cfg: ArchConfig) -> list[int]:
@@ -320,6 +326,14 @@ class _Builder:
         g = self.g
         return g.op("Squeeze", [g.op("Gather", [t, "slot_rows"], axis=1), g.const([0], np.int64)])
 
+    def kv_in(self, name: str) -> str:
+        """A K/V input as f32: itself, or (kv_dtype f16) its Cast, the graph's first read of it."""
+        if self.opts.kv_dtype == "f32":
+            return name
+        from onnx import TensorProto
+
+        return self.g.op("Cast", [name], to=TensorProto.FLOAT)
+
     def keys_t(self, t: str) -> str:
         """Slot-major K [1, n, kvh, hd] -> [1, kvh, 1, hd, n], ready to multiply grouped queries."""
         g = self.g
@@ -391,12 +405,12 @@ class _Builder:
         qs = g.op("Transpose", [q], perm=[0, 2, 3, 1, 4])  # [1 (slots), kvh, grp, q (m), hd]
         if self.opts.slot_axis:
             if self.opts.staged:  # the repeated row writes what its original writes, where it writes it
-                k = g.op("ScatterND", [f"stage_key_{i}", "stage_index", k])  # [slots, w, kvh, hd]
-                v = g.op("ScatterND", [f"stage_value_{i}", "stage_index", v])
+                k = g.op("ScatterND", [self.kv_in(f"stage_key_{i}"), "stage_index", k])  # [slots, w, kvh, hd]
+                v = g.op("ScatterND", [self.kv_in(f"stage_value_{i}"), "stage_index", v])
             return qs, k, v
         if self.opts.staged:  # see "Staged attention": scatter into the window, pad the queries by one row
-            k = g.op("ScatterND", [f"stage_key_{i}", "stage_index", k])  # [1, w, kvh, hd]
-            v = g.op("ScatterND", [f"stage_value_{i}", "stage_index", v])
+            k = g.op("ScatterND", [self.kv_in(f"stage_key_{i}"), "stage_index", k])  # [1, w, kvh, hd]
+            v = g.op("ScatterND", [self.kv_in(f"stage_value_{i}"), "stage_index", v])
             qs = g.op("Concat", [qs, g.const(np.zeros((1, kvh, grp, 1, hd), np.float32))], axis=3)
         return qs, k, v
 
@@ -406,7 +420,7 @@ class _Builder:
         qs, k, v = self.qkv(i, x, rt)
         # NOTE: attention is split into (past slots) and (new tokens) so the past is never concatenated
         # (copied) with the new K/V; the past is whatever prefix of the ring the caller binds.
-        s_past = g.op("MatMul", [qs, self.keys_t(f"past_key_{i}")])  # [1, kvh, grp, q, L]
+        s_past = g.op("MatMul", [qs, self.keys_t(self.kv_in(f"past_key_{i}"))])  # [1, kvh, grp, q, L]
         s_new = g.op("MatMul", [qs, self.keys_t(k)])  # [1, kvh, grp, q, q] (staged: [.., q+1, w])
         scores = g.op("Concat", [s_past, s_new], axis=-1)
         scores = g.op("Add", [scores, g.op("Unsqueeze", [f"mask_{kind}", g.const([2], np.int64)])])
@@ -418,7 +432,7 @@ class _Builder:
         ctx = g.op(
             "Add",
             [
-                g.op("MatMul", [p_past, self.values_h(f"past_value_{i}")]),
+                g.op("MatMul", [p_past, self.values_h(self.kv_in(f"past_value_{i}"))]),
                 g.op("MatMul", [p_new, self.values_h(v)]),
             ],
         )
@@ -494,6 +508,7 @@ class _Builder:
         from edge.graph_opt.linear import resolve_lowering
 
         resolve_lowering(opts.lowering)  # an unknown one stops here, not at the first quantized linear
+        kv_numpy_dtype(opts.kv_dtype)  # an unknown KV type stops here
         if cfg.rope_dim != cfg.head_dim:
             raise ModelFormatError(
                 f"partial rotary embeddings ({cfg.rope_dim} of {cfg.head_dim}) are not supported"
@@ -503,6 +518,7 @@ class _Builder:
             raise ValueError(f"layer range [{opts.first_layer}, {last}) is not within 0..{cfg.n_layer}")
         kinds = layer_kinds(cfg)
         F, I64 = TensorProto.FLOAT, TensorProto.INT64
+        KV = TensorProto.FLOAT16 if opts.kv_dtype == "f16" else TensorProto.FLOAT
         kvh, hd = cfg.n_head_kv, cfg.head_dim
         inputs = [
             helper.make_tensor_value_info("hidden", F, [1, "q", cfg.n_embd]),
@@ -528,12 +544,12 @@ class _Builder:
         for i in range(opts.first_layer, last):
             past = f"past{kinds[i]}"
             inputs += [
-                helper.make_tensor_value_info(f"past_{n}_{i}", F, [b, past, kvh, hd])
+                helper.make_tensor_value_info(f"past_{n}_{i}", KV, [b, past, kvh, hd])
                 for n in ("key", "value")
             ]
             if staged:
                 inputs += [
-                    helper.make_tensor_value_info(f"stage_{n}_{i}", F, [b, "w", kvh, hd])
+                    helper.make_tensor_value_info(f"stage_{n}_{i}", KV, [b, "w", kvh, hd])
                     for n in ("key", "value")
                 ]
             outputs += [

@@ -210,6 +210,8 @@ class ChatApp(App[None]):
             self.notify(
                 f"requested device unavailable: running with fallback {model.fallback}", severity="warning"
             )
+        if model.placement.note:  # what the load chose beyond the device (the KV cache's type)
+            self.notify(model.placement.note, severity="information", timeout=15)
         if not model.has_chat_template:
             kind = "a base model" if _is_base_model(model.name) else "a model file"
             self._notice(
@@ -501,6 +503,7 @@ def _load_model(settings: ChatSettings, on_progress: PullProgress) -> Model:
         draft_device=settings.draft_device,
         draft_k=settings.draft_k,
         plan=settings.plan,
+        kv_dtype=settings.kv_dtype,
         on_progress=on_progress,
     )
 

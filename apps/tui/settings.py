@@ -22,6 +22,7 @@ class ChatSettings:
     draft_device: str = "cpu"  # [backend:]device of a draft model
     draft_k: int = 16  # most tokens drafted per step
     plan: str | None = None  # split by phase: "prefill=B:D[:P],decode=B:D[:P]" (edge chat --plan)
+    kv_dtype: str = "auto"  # the KV cache's type (--kv-dtype): auto | f32 | f16
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -44,4 +45,5 @@ class ChatSettings:
             self.draft_device,
             self.draft_k,
             self.plan,
+            self.kv_dtype,
         )

@@ -31,6 +31,7 @@ class LoadSettings:
     draft_k: int = 16
     emulate: bool = False  # --device npu: the NPU-shaped graphs on the CPU
     plan: str | None = None  # a phase plan (prefill=...,decode=...: devices/phase_split.py), or None
+    kv_dtype: str = "auto"  # the KV cache's type (--kv-dtype): auto | f32 | f16
 
 
 @dataclass(frozen=True)

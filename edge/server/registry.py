@@ -47,6 +47,7 @@ def load_model(ref: str, settings: LoadSettings, n_threads: int | None, parallel
         precision=settings.precision,
         parallel=parallel,
         plan=settings.plan,
+        kv_dtype=settings.kv_dtype,
     )
 
 
@@ -163,6 +164,7 @@ class Registry:
         note = f", fallback {m.fallback}" if m.fallback else ""
         auto = m.placement.auto
         note += f", backend {auto.label}" if auto is not None else ""
+        note += f"; {m.placement.note}" if m.placement.note else ""
         log.info(
             "loaded model %s as %r on %s:%s in %.1f s%s",
             ref, m.name, m.backend, m.device, time.monotonic() - t0, note,

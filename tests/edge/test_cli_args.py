@@ -9,6 +9,7 @@ from edge.cli import build_parser
 LOAD = {
     "--device",
     "--precision",
+    "--kv-dtype",
     "--threads",
     "--backend",
     "--fallback",
@@ -18,7 +19,7 @@ LOAD = {
     "--draft-device",
     "--draft-k",
 }
-CORE = {"--device", "--precision", "--threads"}
+CORE = {"--device", "--precision", "--kv-dtype", "--threads"}
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
@@ -55,9 +56,9 @@ def test_bench_and_eval_take_the_device_options_alike() -> None:
 def test_serve_passes_them_to_load() -> None:
     from edge.cli_args import load_kwargs
 
-    args = build_parser().parse_args(["serve", "m.gguf", "--draft-k", "4", "--emulate", "--ctx-size", "512"])
-    kw = load_kwargs(args)
-    assert kw["draft_k"] == 4 and kw["emulate"] is True and kw["n_ctx"] == 512
+    argv = ["serve", "m.gguf", "--draft-k", "4", "--emulate", "--ctx-size", "512", "--kv-dtype", "f16"]
+    kw = load_kwargs(build_parser().parse_args(argv))
+    assert kw["draft_k"] == 4 and kw["emulate"] is True and kw["n_ctx"] == 512 and kw["kv_dtype"] == "f16"
     import inspect
 
     from edge.options import LoadOptions
@@ -66,4 +67,8 @@ def test_serve_passes_them_to_load() -> None:
     assert set(kw) <= fields  # every keyword is an edge.load option
     from edge.server.config import LoadSettings
 
-    assert LoadSettings(**kw).draft_k == 4  # and the server's settings take each of them
+    assert LoadSettings(**kw).kv_dtype == "f16"  # and the server's settings take each of them
+    from edge.apps.tui.settings import ChatSettings
+
+    chat = load_kwargs(build_parser().parse_args(["chat", "--kv-dtype", "f16"]))
+    assert ChatSettings(**chat).kv_dtype == "f16"  # as edge chat's do (edge.apps.tui.main)

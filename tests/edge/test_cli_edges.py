@@ -90,3 +90,4 @@ def test_a_one_word_prompt_is_still_a_prompt() -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["model"] == DEFAULT_MODEL and out["n_tokens"] >= 1
+    assert out["kv_dtype"] == "f16"  # llama.cpp's own cache type, what --kv-dtype auto keeps there
