@@ -217,6 +217,12 @@ class Model:
         return self.placement.fallback
 
     @property
+    def load_note(self) -> str | None:
+        """What the load chose for the caller beyond the device, said once: the KV cache kept in f16 where
+        `kv_dtype="auto"`'s f32 would not fit in memory; None when it chose nothing."""
+        return self.placement.note
+
+    @property
     def plan(self) -> str | None:
         """The planner's plan and why (what `edge run --explain` prints) when the device request went through
         it (auto, hetero:..., an emulated NPU); None for one whole-model device."""

@@ -210,8 +210,8 @@ class ChatApp(App[None]):
             self.notify(
                 f"requested device unavailable: running with fallback {model.fallback}", severity="warning"
             )
-        if model.placement.note:  # what the load chose beyond the device (the KV cache's type)
-            self.notify(model.placement.note, severity="information", timeout=15)
+        if model.load_note:  # what the load chose beyond the device (the KV cache's type)
+            self.notify(model.load_note, severity="information", timeout=15)
         if not model.has_chat_template:
             kind = "a base model" if _is_base_model(model.name) else "a model file"
             self._notice(

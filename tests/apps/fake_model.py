@@ -19,6 +19,7 @@ class FakeModel:
     backend = "llamacpp"
     device = "cpu"
     draft = None
+    load_note = None
 
     def __init__(
         self,
