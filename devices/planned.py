@@ -200,11 +200,6 @@ class DeviceRequest:
     phases: str | None = None
 
 
-def _plan_kv(options: PlannedOptions) -> str:
-    """A partitioned plan's KV type: f32 (its graphs take f32 K/V); auto is f32 there."""
-    return "f32" if options.kv_dtype == "auto" else options.kv_dtype
-
-
 def _kv_per_token(cfg: ArchConfig) -> list[int]:
     return [2 * cfg.n_head_kv * cfg.head_dim * 4] * cfg.n_layer  # fp32 K and V (kvcache's dtype)
 
@@ -356,8 +351,9 @@ def _open_phases(
     ctx = min(options.n_ctx, options.static_capacity) if split.prefill.device == "npu" else options.n_ctx
     # one ring between the halves: the decode half's type, which reads it every step
     kv = kv_dtype_for(options.kv_dtype, split.decode.backend, split.decode.device, split.decode.precision)
-    if split.prefill.device == "npu":
-        check_f32_kv(kv, "an NPU-shaped prefill half")
+    if split.prefill.device == "npu":  # its static graphs take f32 K/V: auto is f32 with one
+        check_f32_kv(options.kv_dtype, "an NPU-shaped prefill half")
+        kv = "f32"
     sized = replace(_decoder_options(options), kv_dtype=kv)
     estimates = [estimate_memory(h.backend, model, ctx, sized, h.device) for h in halves]
     if all(e is not None for e in estimates):
@@ -508,7 +504,7 @@ def _open_artifact_partitions(
         if dev is None or BACKENDS[dev.backend].runner is None:
             raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
         where.append((dev.backend, dev.kind))
-    check_f32_kv(_plan_kv(options), f"{path.name} (an edge convert artifact)")
+    check_f32_kv(options.kv_dtype, f"{path.name} (an edge convert artifact)")
     popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads, precision=options.precision)
     backends = "+".join(dict.fromkeys(b for b, _ in where))
     kinds = "+".join(dict.fromkeys(k for _, k in where))
@@ -545,7 +541,7 @@ def _open_plan(
     where = _placement_of(plan_)
     if len(plan_.partitions) == 1 and not plan_.static:
         return Opening(where, plan_, lambda: (open_decoder(first.backend, model, first.kind, dopts), where))
-    check_f32_kv(_plan_kv(options), f"the {'NPU-shaped' if plan_.static else 'partitioned'} plan")
+    check_f32_kv(options.kv_dtype, f"the {'NPU-shaped' if plan_.static else 'partitioned'} plan")
     return Opening(where, plan_, lambda: (open_planned_decoder(model.path, plan_, options, log=log), where))
 
 

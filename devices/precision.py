@@ -67,8 +67,9 @@ def kv_dtype_for(requested: str, backend: str, device: str, precision: str) -> s
 
 
 def check_f32_kv(kv_dtype: str, what: str) -> None:
-    """`what` holds its K/V in f32 only (graphs built before --kv-dtype, partitioned plans): f16 is refused."""
-    if kv_dtype != "f32":
+    """`what` holds its K/V in f32 only (partitioned plans, NPU-shaped halves, `edge convert` artifacts): auto
+    means f32 there, f16 is refused."""
+    if kv_dtype not in ("auto", "f32"):
         raise PlanError(
             f"{what} keeps its KV cache in f32; --kv-dtype {kv_dtype} runs on whole-model graphs and llama.cpp",
             hint="use --kv-dtype f32 or auto",

@@ -78,14 +78,13 @@ def _graph(backend: str) -> BackendFactory:
     def factory(model: CheckedModel, device: str, opts: DecoderOptions) -> Decoder:
         from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 
-        kv_dtype = kv_dtype_for(opts.kv_dtype, backend, device, opts.precision)
         if model.artifact is not None:  # `edge convert` output: its partitions, all on this backend
             from edge.devices.partitioned import PartitionedOptions, open_artifact_decoder
 
-            check_f32_kv(kv_dtype, f"{model.path.name} (an edge convert artifact)")
-
+            check_f32_kv(opts.kv_dtype, f"{model.path.name} (an edge convert artifact)")
             popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.n_threads, precision=opts.precision)
             return open_artifact_decoder(model.path, backend, device=device, options=popts)
+        kv_dtype = kv_dtype_for(opts.kv_dtype, backend, device, opts.precision)
         graph = GraphOptions(
             backend=backend,
             device=device,

@@ -23,7 +23,7 @@ from edge.devices.llamacpp import LlamaCppDecoder, LlamaCppOptions
 from edge.devices.memory import graph_memory, llamacpp_memory
 from edge.devices.phase_split import PhaseSplitDecoder
 from edge.devices.planned import DeviceRequest, PlannedOptions, open_requested, resolve_request
-from edge.devices.precision import KV_CHOICES, kv_dtype_for
+from edge.devices.precision import KV_CHOICES, check_f32_kv, kv_dtype_for
 from edge.devices.registry import DecoderOptions, estimate_memory
 from edge.errors import InsufficientMemoryError, PlanError
 from edge.models.gguf_file import open_gguf
@@ -143,6 +143,9 @@ def test_auto_keeps_f32_on_the_cpu_graphs_and_f16_where_the_runtime_has_it() -> 
         kv_dtype_for("q8_0", "ort", "cpu", "fast")
     with pytest.raises(ValueError, match="kv_dtype must be"):
         DecoderOptions(kv_dtype="bf16")
+    check_f32_kv("auto", "a partitioned plan")  # auto is f32 where only f32 runs, whatever the device
+    with pytest.raises(PlanError, match="x keeps its KV cache in f32; --kv-dtype f16"):
+        check_f32_kv("f16", "x")
 
 
 def test_memory_is_sized_in_the_rings_type(files: dict[str, Path]) -> None:
