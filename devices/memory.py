@@ -106,7 +106,9 @@ def check_fits(
         f"buffers {need.scratch // _MIB} MiB) but {free // _MIB} MiB is available",
         needed=need.total,
         available=free,
-        hint="close other programs, lower --ctx-size, or use a smaller (more quantized) model",
+        hint="close other programs, lower --ctx-size, "
+        + ("keep the KV cache in f16 (--kv-dtype f16), " if need.kv_dtype == "f32" else "")
+        + "or use a smaller (more quantized) model",
     )
 
 

@@ -142,7 +142,7 @@ def _check_geometry(prefill: Half, decode: Half) -> None:
         "KV heads": (a.n_head_kv, b.n_head_kv),
         "head size": (a.head_dim, b.head_dim),
         "vocabulary": (a.n_vocab, b.n_vocab),
-        "KV type": (prefill._kv_dtype.__name__, decode._kv_dtype.__name__),
+        "KV type": (prefill.kv_fill().dtype, decode.kv_fill().dtype),
         "layer kinds": (prefill._kinds, decode._kinds),
         "KV slots": (
             [(x.capacity, x.window) for x in prefill._specs],
@@ -153,7 +153,7 @@ def _check_geometry(prefill: Half, decode: Half) -> None:
     if differ:
         raise PlanError(
             f"the phase halves do not share a KV geometry ({'; '.join(differ)})",
-            hint="both halves must run the same model file with the same context size",
+            hint="both halves must run the same model file with the same context size and --kv-dtype",
         )
     if decode._bind_all:
         raise PlanError(
@@ -290,9 +290,9 @@ def open_phase_split(
     kv_dtype: str = "f32",
 ) -> PhaseSplitDecoder:
     """Both halves of `plan` on the file (each builds or reuses its cached graph), as one decoder.
-        `static_prefill`: opens the prefill half as an NPU-shaped plan (devices/planned.py); the decode half then
-        takes its ring's capacity. `slots`: the split will be split into slots, whose decode rows the decode half
-        packs (its attention per slot; the prefill half runs one prompt at a time). `kv_dtype`: the one ring's type
+    `static_prefill`: opens the prefill half as an NPU-shaped plan (devices/planned.py); the decode half then
+    takes its ring's capacity. `slots`: the split will be split into slots, whose decode rows the decode half
+    packs (its attention per slot; the prefill half runs one prompt at a time). `kv_dtype`: the one ring's type
     (f32 | f16), which both halves' graphs read."""
 
     def half(h: PhaseHalf, kv: int, per_slot: bool = False) -> GraphDecoder:

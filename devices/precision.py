@@ -11,6 +11,7 @@ __all__ = [
     "KV_CHOICES",
     "PRECISIONS",
     "check_f32_kv",
+    "check_kv_dtype",
     "check_precision",
     "graph_precision",
     "kv_dtype_for",
@@ -44,17 +45,22 @@ def graph_precision(precision: str) -> str:
 KV_CHOICES = ("auto", *KV_DTYPES)
 # Where auto keeps the KV in f16: llama.cpp (its own default cache type) and OpenVINO's GPU, which runs the
 # graph in fp16 anyway. On a CPU the own graphs keep f32: neither ONNX Runtime's nor OpenVINO's CPU attention
-# reads fp16 K/V, so the graph widens the ring every step, which costs 1-10% of a decode step there
+# reads fp16 K/V, so the graph widens the ring every step, which cost 3-5% of a decode step here
 # (benchmarks/results/bench-depth-*-2026-12-05*.md); f16 is asked for where memory matters more.
 _F16_GRAPHS = {("openvino", "gpu")}
+
+
+def check_kv_dtype(requested: str) -> str:
+    """`requested` if it is one of KV_CHOICES (ValueError naming them otherwise)."""
+    if requested not in KV_CHOICES:
+        raise ValueError(f"--kv-dtype must be {' or '.join(KV_CHOICES)}, not {requested!r}")
+    return requested
 
 
 def kv_dtype_for(requested: str, backend: str, device: str, precision: str) -> str:
     """The KV cache's type for `requested` (KV_CHOICES) on (backend, device) at `precision`: "f32" or "f16".
     ValueError for an unknown name, and for f16 at precision exact on the own graphs (exact keeps f32 K/V)."""
-    if requested not in KV_CHOICES:
-        raise ValueError(f"--kv-dtype must be {' or '.join(KV_CHOICES)}, not {requested!r}")
-    if requested == "auto":
+    if check_kv_dtype(requested) == "auto":
         if backend == "llamacpp":  # one precision, whatever --precision says
             return "f16"
         return "f16" if (backend, device) in _F16_GRAPHS and precision == "fast" else "f32"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edge.devices.base import Decoder
 from edge.devices.memory import MemoryEstimate, MemoryEstimator, graph_memory, llamacpp_memory
-from edge.devices.precision import KV_CHOICES, PRECISIONS, check_f32_kv, check_precision, kv_dtype_for
+from edge.devices.precision import PRECISIONS, check_f32_kv, check_kv_dtype, check_precision, kv_dtype_for
 from edge.devices.probes import BackendStatus, probe_coreml, probe_llamacpp, probe_openvino, probe_ort
 from edge.devices.runners import GRAPH_RUNNERS, Runner, RunnerOptions, graph_runner
 from edge.errors import BackendUnavailableError
@@ -48,8 +48,7 @@ class DecoderOptions:
 
     def __post_init__(self) -> None:
         check_precision(self.precision)
-        if self.kv_dtype not in KV_CHOICES:
-            raise ValueError(f"kv_dtype must be {' or '.join(KV_CHOICES)}, not {self.kv_dtype!r}")
+        check_kv_dtype(self.kv_dtype)
 
 
 BackendFactory = Callable[[CheckedModel, str, DecoderOptions], Decoder]

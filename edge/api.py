@@ -60,8 +60,9 @@ def load(
     path; P is fast | exact | bf16, default `precision`), one KV cache between the halves, in place of
     `backend` and `device`; `edge.PlanError` when it does not parse or its halves cannot run together.
     `kv_dtype`: the KV cache's type, "auto" (f32 on the own graphs on a CPU, whose attention reads f32; f16
-    on llama.cpp and a GPU), "f32" or "f16" (half the KV memory at long contexts; keys and values rounded to
-    fp16, as llama.cpp keeps them; not with precision "exact").
+    on llama.cpp and OpenVINO's GPU; f16 too where only that fits in memory, said in `model.load_note`),
+    "f32" or "f16" (half the KV memory at long contexts; keys and values rounded to fp16, as llama.cpp keeps
+    them; not with precision "exact").
     `on_progress(done, total, phase)` sees what a first load waits for. The pull of a catalog model not
     downloaded yet, in bytes: phase "download" while it arrives, then "verified" once. Then, when the model's
     graph for this backend (or its device plan's partitions) is not built yet, the build, once per model and

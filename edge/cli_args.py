@@ -68,7 +68,7 @@ def add_device_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "--kv-dtype",
         choices=KV_CHOICES,  # devices/precision.KV_CHOICES (this module imports no numpy: --help stays quick)
         default="auto",
-        help="the KV cache's type: auto (f32 on edge's graphs on a CPU, f16 on llama.cpp and a GPU), f32, or "
+        help="the KV cache's type: auto (f32 on edge's graphs on a CPU, f16 on llama.cpp and OpenVINO's GPU), f32, or "
         "f16 (half the KV memory; keys and values rounded to fp16, as llama.cpp keeps them; not with "
         "--precision exact)",
     )

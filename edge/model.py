@@ -580,7 +580,8 @@ class Model:
                         n_ctx=self.options.n_ctx,
                         n_threads=self.options.n_threads,
                         precision=self.options.precision,
-                        kv_dtype=self.options.kv_dtype,
+                        # the type the load held, where auto chose f16 because f32 did not fit
+                        kv_dtype="f16" if self.load_note else self.options.kv_dtype,
                     ),
                 )
             except Exception:  # that one is unusable too (absent SDK, no such device): try the next

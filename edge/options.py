@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from edge.devices.precision import KV_CHOICES
+from edge.devices.precision import check_kv_dtype
 from edge.errors import GrammarError
 from edge.generate import GenerationConfig
 from edge.grammar import Grammar, grammar_of
@@ -42,13 +42,12 @@ class LoadOptions:
     # Sequences the caller will run at once (`Model.slots`): above 1, auto chooses among the backends that
     # batch them in one forward (the own graphs), unless only llama.cpp runs the file.
     parallel: int = 1
-    # The KV cache's type: auto (f32 on the own graphs on a CPU, f16 on llama.cpp and a GPU), f32, or f16 (half
+    # The KV cache's type: auto (f32 on the own graphs on a CPU, f16 on llama.cpp and OpenVINO's GPU), f32, or f16 (half
     # the memory; the K/V rounded to fp16, as llama.cpp keeps them): devices/precision.kv_dtype_for
     kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kv_dtype not in KV_CHOICES:
-            raise ValueError(f"kv_dtype must be {' or '.join(KV_CHOICES)}, not {self.kv_dtype!r}")
+        check_kv_dtype(self.kv_dtype)
         if self.parallel < 1:
             raise ValueError(f"parallel must be >= 1 (got {self.parallel})")
 

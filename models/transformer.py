@@ -17,7 +17,8 @@ Staged attention (`BuildOptions.staged`, w = staging slots): the new tokens' K/V
 window first and the queries get one padding row, so a row's columns (past slots ++ staging slots) and every
 matmul's shape class do not depend on how many tokens the step carries:
 
-             stage_key_<i>, stage_value_<i>  float32 [1, w, kvh, hd]   the staging window's K/V (a copy)
+             stage_key_<i>, stage_value_<i>  float32 [1, w, kvh, hd]   the staging window's K/V (a copy;
+                                                      float16 with kv_dtype "f16", as past_*)
              stage_index int64   [1, q, 2]              (0, staging slot) of each new token
              mask_<k>    float32 [1, 1, q+1, L_k+w]   over (past slots ++ staging slots); the last row is the
                                                       padding query's (any finite row)
@@ -72,7 +73,8 @@ class BuildOptions:
     slot_axis: bool = False
     # The element type of the K/V the graph reads from the ring (past_*, stage_*): KV_DTYPES. "f16" halves the
     # ring's bytes; the graph widens each input to f32 at its entry (no CPU runtime here reads fp16 K/V in its
-    # attention kernel: benchmarks/results/bench-depth-*), and its new K/V stay f32 (the ring rounds them).
+    # attention kernel: benchmarks/results/bench-depth-*); its new K/V outputs stay f32 (the ring rounds them as
+    # it stores them) and its own attention reads them rounded (`as_stored`).
     kv_dtype: str = "f32"
 
 
@@ -334,6 +336,19 @@ class _Builder:
 
         return self.g.op("Cast", [name], to=TensorProto.FLOAT)
 
+    def as_stored(self, t: str) -> str:
+        """The step's new K or V as later steps will read it from the ring: itself, or (kv_dtype f16) rounded to
+        fp16 and back. So a token's row attends over the same values whether its K/V were computed in this
+        forward or read from the ring, and a k-token forward's rows equal k one-token forwards' (the batch
+        invariance speculative decoding's greedy guarantee rests on), as llama.cpp stores a batch's K/V before
+        it attends over them."""
+        if self.opts.kv_dtype == "f32":
+            return t
+        from onnx import TensorProto
+
+        g = self.g
+        return g.op("Cast", [g.op("Cast", [t], to=TensorProto.FLOAT16)], to=TensorProto.FLOAT)
+
     def keys_t(self, t: str) -> str:
         """Slot-major K [1, n, kvh, hd] -> [1, kvh, 1, hd, n], ready to multiply grouped queries."""
         g = self.g
@@ -400,6 +415,7 @@ class _Builder:
             k = self.rms_norm(k, _blk(i, "k_norm"))
         q = self.rope(q, rt["cos_q"], rt["sin_q"])  # scaled
         k = self.rope(k, rt["cos_k"], rt["sin_k"], out=f"new_key_{i}")  # [1, q, kvh, hd]
+        k, v = self.as_stored(k), self.as_stored(v)
         if self.opts.slot_axis:  # [slots, m, ..]: each slot's rows (staged: with the padding row, repeated)
             q, k, v = self._per_slot(q), self._per_slot(k), self._per_slot(v)
         qs = g.op("Transpose", [q], perm=[0, 2, 3, 1, 4])  # [1 (slots), kvh, grp, q (m), hd]
