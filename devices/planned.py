@@ -536,12 +536,14 @@ def _open_plan(
         targets = [t if t.backend else Target(t.kind, _graph_backend(t.kind, profiles)) for t in targets]
     plan_ = plan(profile, profiles, mode, targets, fallback=request.fallback)
     first = plan_.partitions[0].device
+    whole = len(plan_.partitions) == 1 and not plan_.static  # one whole-model graph: any KV type
+    if not whole:  # partitions take f32 K/V (auto is f32 there)
+        check_f32_kv(options.kv_dtype, f"the {'NPU-shaped' if plan_.static else 'partitioned'} plan")
     # one partition or several, they hold the whole model and one KV between them: their backend sizes it
-    _check_fits(first.backend, model, ctx, options, first.kind)
+    _check_fits(first.backend, model, ctx, options if whole else replace(options, kv_dtype="f32"), first.kind)
     where = _placement_of(plan_)
-    if len(plan_.partitions) == 1 and not plan_.static:
+    if whole:
         return Opening(where, plan_, lambda: (open_decoder(first.backend, model, first.kind, dopts), where))
-    check_f32_kv(options.kv_dtype, f"the {'NPU-shaped' if plan_.static else 'partitioned'} plan")
     return Opening(where, plan_, lambda: (open_planned_decoder(model.path, plan_, options, log=log), where))
 
 
