@@ -234,6 +234,7 @@ class LlamaCppDecoder:
             self.n_batch,
             self.vocab_size,
             self.device,
+            self._kv_dtype,
             close=llama.close,
         )
         try:

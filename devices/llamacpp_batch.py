@@ -44,6 +44,7 @@ class Native:
     n_batch: int
     vocab_size: int
     device: str
+    kv_dtype: str  # its K/V cache's type (f32 | f16), each sequence's in the batch context too
     close: Callable[[], None]  # frees the model, once the last slot closed
 
 
@@ -120,7 +121,6 @@ class LlamaCppBatch(StepLoop):
         )
         params.n_batch = params.n_ubatch = max(native.n_batch, CHUNK + n * (WINDOW + 1))
         self.n_batch = int(params.n_batch)
-        self.kv_dtype = {0: "f32", 1: "f16"}[int(params.type_k)]  # the one-sequence context's (ggml_type)
         from llama_cpp import _internals
 
         llama._ctx.close()  # the one-sequence context's KV is not used again
@@ -310,7 +310,9 @@ class LlamaCppSlot:
         self._cut_to(0)
 
     def kv_fill(self) -> KVFill:
-        return KVFill(self.position, self.n_ctx, self.position, ring=False, dtype=self._engine.kv_dtype)
+        return KVFill(
+            self.position, self.n_ctx, self.position, ring=False, dtype=self._engine.native.kv_dtype
+        )
 
     def capabilities(self) -> Capabilities:
         # a linear cache: seq_rm removes any suffix; not batch-invariant (rows depend on the other slots)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge.errors import InsufficientMemoryError
+from edge.kvcache.spec import kv_numpy_dtype
 from edge.models.gguf_file import GGUFFile
 
 __all__ = ["MemoryEstimate", "MemoryEstimator", "check_fits", "graph_memory", "llamacpp_memory"]
@@ -34,7 +35,10 @@ class MemoryEstimate:
 
 
 MemoryEstimator = Callable[[GGUFFile, int, str], MemoryEstimate]  # (file, n_ctx, KV type: f32 | f16)
-_KV_BYTES = {"f32": 4, "f16": 2}
+
+
+def _kv_bytes(kv_dtype: str) -> int:
+    return np.dtype(kv_numpy_dtype(kv_dtype)).itemsize
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def llamacpp_memory(gguf: GGUFFile, n_ctx: int, kv_dtype: str = "f16", n_batch: 
     attention scores of one batch of `n_batch` tokens."""
     s = _shape(gguf)
     n_ctx = -(-n_ctx // 256) * 256
-    kv = _KV_BYTES[kv_dtype] * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
+    kv = _kv_bytes(kv_dtype) * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
     scratch = 4 * min(n_batch, n_ctx) * (s.n_head * n_ctx + 8 * s.n_embd) + (32 << 20)
     return MemoryEstimate(_weights(gguf), kv, scratch, kv_dtype)
 
@@ -85,7 +89,7 @@ def graph_memory(gguf: GGUFFile, n_ctx: int, kv_dtype: str = "f32", chunk: int =
     a ring of `n_ctx` slots per layer in `kv_dtype` (an upper bound: sliding-window layers hold only their
     window); the attention scores of one prefill chunk."""
     s = _shape(gguf)
-    kv = _KV_BYTES[kv_dtype] * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
+    kv = _kv_bytes(kv_dtype) * n_ctx * s.n_layer * s.n_head_kv * s.kv_width
     scratch = 4 * min(chunk, n_ctx) * (s.n_head * n_ctx + 8 * s.n_embd) + (32 << 20)
     return MemoryEstimate(_weights(gguf), kv, scratch, kv_dtype)
 

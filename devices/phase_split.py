@@ -142,7 +142,7 @@ def _check_geometry(prefill: Half, decode: Half) -> None:
         "KV heads": (a.n_head_kv, b.n_head_kv),
         "head size": (a.head_dim, b.head_dim),
         "vocabulary": (a.n_vocab, b.n_vocab),
-        "KV type": (prefill.kv_fill().dtype, decode.kv_fill().dtype),
+        "KV type": (prefill.kv_dtype, decode.kv_dtype),
         "layer kinds": (prefill._kinds, decode._kinds),
         "KV slots": (
             [(x.capacity, x.window) for x in prefill._specs],

@@ -46,7 +46,7 @@ KV_CHOICES = ("auto", *KV_DTYPES)
 # Where auto keeps the KV in f16: llama.cpp (its own default cache type) and OpenVINO's GPU, which runs the
 # graph in fp16 anyway. On a CPU the own graphs keep f32: neither ONNX Runtime's nor OpenVINO's CPU attention
 # reads fp16 K/V, so the graph widens the ring every step, which cost 0-5% of a decode step here
-# (benchmarks/results/bench-depth-*-2026-12-05*.md); f16 is asked for where memory matters more.
+# (benchmarks/results/kv-f16-2026-12-05.md); f16 is asked for where memory matters more.
 _F16_GRAPHS = {("openvino", "gpu")}
 
 

@@ -79,7 +79,8 @@ class RingDecoder:
         self._mask_layer = {k: kinds.index(k) for k in sorted(set(kinds))}
         self._policy, self._max_rollback, self._default_sink = policy, max_rollback, sink
         self._prefill_chunk, self._bind_all, self._static_q = prefill_chunk, bind_all, static_q
-        self._kv_dtype = kv_numpy_dtype(kv_dtype)
+        kv_numpy_dtype(kv_dtype)  # an unknown type stops here
+        self.kv_dtype = kv_dtype  # the ring's element type: f32 | f16 (a phase split's halves must agree)
         self.cache = self._new_cache(sink)
         # past-prefix views per (layer, slots), of this cache (see _past_feeds)
         self._views: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -116,7 +117,7 @@ class RingDecoder:
             sink=sink,
             policy=self._policy,  # type: ignore[arg-type]
             max_rollback=self._max_rollback,
-            dtype=self._kv_dtype,
+            dtype=kv_numpy_dtype(self.kv_dtype),
         )
 
     def _set_chunk(self) -> None:
@@ -262,8 +263,7 @@ class RingDecoder:
         return self.cache.truncate_limit
 
     def kv_fill(self) -> KVFill:
-        cache = self.cache
-        dtype = "f16" if cache.dtype == np.float16 else "f32"
+        cache, dtype = self.cache, self.kv_dtype
         if not cache.capacity:  # every layer holds its whole window: nothing ever wraps
             return KVFill(cache.position, self.n_ctx, cache.position, ring=False, dtype=dtype)
         return KVFill(

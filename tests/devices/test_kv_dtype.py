@@ -202,6 +202,13 @@ def test_llamacpp_keeps_its_kv_in_the_type_asked_for(files: dict[str, Path], kv:
             dec._llama.context_params.type_k == dec._llama.context_params.type_v == {"f32": 0, "f16": 1}[kv]
         )
         assert dec.forward([1, 5, 9])[-1].shape[-1] == dec.vocab_size
+        assert dec.kv_fill().dtype == kv
+        slots = dec.slots(2)  # the batch context is made from this one's parameters, its KV type included
+        params = slots[0].engine._ctx.params  # type: ignore[attr-defined]
+        assert params.type_k == params.type_v == {"f32": 0, "f16": 1}[kv]
+        assert [s.kv_fill().dtype for s in slots] == [kv, kv]
+        for s in slots:
+            s.close()
     finally:
         dec.close()
 
