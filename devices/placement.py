@@ -22,6 +22,9 @@ class Placement:
     # what the load chose for the user beyond the device (said once, as a fallback is): the KV cache in f16
     # where --kv-dtype auto's f32 would not fit (devices/planned._fit_kv)
     note: str | None = field(default=None, compare=False)
+    # the --kv-dtype the decoder was opened with (the request, or auto's f16 where f32 would not fit), what a
+    # device takeover asks for again; None: the load's request
+    kv_dtype: str | None = field(default=None, compare=False)
 
 
 def _usable(inventory: Inventory, backend: str) -> list[str]:

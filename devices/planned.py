@@ -458,7 +458,8 @@ def _open_single(
             choice = opening
         placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
     options, note = _fit_kv(placement.backend, model, options.n_ctx, options, placement.device)
-    single, dopts = replace(placement, note=note), _decoder_options(options)
+    single = replace(placement, note=note, kv_dtype=options.kv_dtype)
+    dopts = _decoder_options(options)
     if single.auto is not None:
         return Opening(single, None, lambda: _open_auto(model, single, dopts))
     return Opening(single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single))

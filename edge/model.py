@@ -580,15 +580,13 @@ class Model:
                         n_ctx=self.options.n_ctx,
                         n_threads=self.options.n_threads,
                         precision=self.options.precision,
-                        # the type the load held, where auto chose f16 because f32 did not fit
-                        kv_dtype="f16" if self.load_note else self.options.kv_dtype,
+                        kv_dtype=p.kv_dtype or self.options.kv_dtype,  # auto's f16 where f32 did not fit
                     ),
                 )
             except Exception:  # that one is unusable too (absent SDK, no such device): try the next
                 continue
-            self._switch(
-                decoder, Placement(backend, device, fallback=f"{failed} failed -> {backend}:{device}")
-            )
+            moved = Placement(backend, device, f"{failed} failed -> {backend}:{device}", kv_dtype=p.kv_dtype)
+            self._switch(decoder, moved)
             self._prefill_again(gen)
             return DeviceLostError(
                 f"{failed} failed mid-generation ({exc.message}); switched to {backend}:{device}",

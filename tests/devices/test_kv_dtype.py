@@ -239,10 +239,11 @@ def test_auto_keeps_the_kv_in_f16_where_only_that_fits_and_says_so(files: dict[s
     assert note is not None and "kept in f16" in note and f"{f32 >> 20} MiB" in note
     dec, placement = opening.open()
     assert dec.kv_fill().dtype == "f16" and placement.note == note
+    assert placement.kv_dtype == "f16"  # what a device takeover (edge.Model) asks for again
     dec.close()
     # room for f32: nothing changes, nothing said
     roomy = resolve_request(path, DeviceRequest("ort"), replace(between, available_memory=f32))
-    assert roomy.placement.note is None
+    assert roomy.placement.note is None and roomy.placement.kv_dtype == "auto"
     # asked for f32, or exact: the type is the user's, so the load is refused as before
     for refused in (replace(between, kv_dtype="f32"), replace(between, precision="exact")):
         with pytest.raises(InsufficientMemoryError, match="in f32") as err:
