@@ -132,6 +132,7 @@ def _open(checked: CheckedModel, opts: LoadOptions, on_progress: PullProgress | 
                 n_ctx=opts.n_ctx,
                 n_threads=opts.n_threads,
                 precision=opts.precision,
+                kv_dtype=opts.kv_dtype,
             )
         return loaded
     except BaseException:

@@ -494,6 +494,7 @@ def run_bench(model: str, cfg: BenchConfig, on_step: Callable[[str, int], None] 
             threads=cfg.threads,
             precision=cfg.precision,
             grammar=cfg.grammar,
+            kv_dtype=cfg.kv_dtype,
         )
 
     # Other work on the machine skews every figure; the load average says how busy it was.

@@ -89,11 +89,12 @@ def measure_draft(
     threads: int | None,
     precision: str = "fast",
     grammar: Grammar | None = None,
+    kv_dtype: str = "auto",
 ) -> DraftBenchResult:
     """Decode `gen_tokens` greedy tokens `repeat` times without and with the draft, alternating the order.
     Greedy generations are drafted whatever the draft spec (what `--draft ngram|MODEL` does; `--draft auto`
     at --precision fast leaves them alone in run/chat/serve), and `same_tokens` says whether they agreed."""
-    dopts = DecoderOptions(n_ctx=n_ctx, n_threads=threads, precision=precision)
+    dopts = DecoderOptions(n_ctx=n_ctx, n_threads=threads, precision=precision, kv_dtype=kv_dtype)
     target = open_decoder(backend, model, device, dopts)
     try:
         spec = open_speculative(
@@ -109,6 +110,7 @@ def measure_draft(
             n_threads=threads,
             precision=precision,
             greedy=True,  # measured on greedy decoding, whatever auto's policy
+            kv_dtype=kv_dtype,
         )
         if spec is None:
             why = "nothing to compare" if draft in ("", "none") else "auto is off on llama.cpp"

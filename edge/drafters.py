@@ -382,6 +382,7 @@ def open_drafter(
     n_threads: int | None = None,
     precision: str = "fast",
     lazy: bool = False,
+    kv_dtype: str = "auto",
 ) -> Drafter:
     """`ngram`, or a draft model (catalog name or path) on `[backend:]device` (no backend or `auto`: on the CPU
     the one --backend auto picks for the draft model, devices/auto.py; elsewhere llama.cpp)."""
@@ -404,10 +405,11 @@ def open_drafter(
     elif backend == AUTO:
         backend = ""
     placement = place(discover((backend or "llamacpp",)), backend=backend or None, device=dev)
-    need = estimate_memory(placement.backend, model, n_ctx)
+    # it takes turns with the target (no spinning threads); its KV in the type the load asked for
+    opts = DecoderOptions(n_ctx, n_threads, precision, spin=False, kv_dtype=kv_dtype)
+    need = estimate_memory(placement.backend, model, n_ctx, opts, placement.device)
     if need is not None:  # sized against what the loaded target left free
         check_fits(need, name, placement.backend, n_ctx)
-    opts = DecoderOptions(n_ctx, n_threads, precision, spin=False)  # it takes turns with the target
     decoder = open_decoder(placement.backend, model, placement.device, opts)
     return ModelDrafter(decoder, name, n_vocab, lazy=lazy)
 
@@ -456,6 +458,7 @@ def open_drafters(
     n_ctx: int = 4096,
     n_threads: int | None = None,
     precision: str = "fast",
+    kv_dtype: str = "auto",
 ) -> list[Drafter]:
     """The drafters `--draft` asks for, in the order they are asked each round.
 
@@ -476,6 +479,7 @@ def open_drafters(
                 n_ctx=n_ctx,
                 n_threads=n_threads,
                 precision=precision,
+                kv_dtype=kv_dtype,
             )
         ]
     if not auto_drafts_on(target_backend):
@@ -494,6 +498,7 @@ def open_drafters(
                     n_threads=n_threads,
                     precision=precision,
                     lazy=True,
+                    kv_dtype=kv_dtype,
                 )
             )
             break

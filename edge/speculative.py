@@ -81,6 +81,7 @@ def open_speculative(
     n_threads: int | None = None,
     precision: str = "fast",
     greedy: bool | None = None,
+    kv_dtype: str = "auto",
 ) -> SpeculativeDecoding | None:
     """Speculative decoding as `--draft` asks (edge.drafters.open_drafters), or None where nothing drafts.
     `greedy`: whether greedy generations draft; None: `drafts_greedy`."""
@@ -98,6 +99,7 @@ def open_speculative(
         n_ctx=n_ctx,
         n_threads=n_threads,
         precision=precision,
+        kv_dtype=kv_dtype,
     )
     if not drafters:
         return None

@@ -267,3 +267,15 @@ def test_an_f16_ring_keeps_orts_rows_batch_invariant(files: dict[str, Path]) -> 
     # where the f32 graph's rows are batch-invariant on this CPU (not on every one: the load checks), so are
     # the f16 graph's (before its own K/V were rounded they were not: the claim fell, and greedy drafting with it)
     assert claims[1] == claims[0], claims
+
+
+def test_a_draft_model_holds_its_kv_in_the_type_asked_for(files: dict[str, Path]) -> None:
+    from edge.drafters import open_drafter
+    from edge.models.tokenizer import load_tokenizer
+
+    path = files["llama-q4_1"]
+    tok = load_tokenizer(open_gguf(path).metadata)
+    for kv, want in (("f16", "f16"), ("auto", "f32")):
+        d = open_drafter(str(path), tok, "target", tok.vocab_size, device="ort:cpu", n_threads=1, kv_dtype=kv)
+        assert d.decoder.kv_fill().dtype == want  # type: ignore[attr-defined]
+        d.close()
