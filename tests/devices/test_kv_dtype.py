@@ -132,10 +132,38 @@ def test_halves_on_rings_of_two_types_are_refused(files: dict[str, Path]) -> Non
 
 
 def test_the_graph_cache_keeps_its_keys_for_f32_and_builds_f16_apart(files: dict[str, Path]) -> None:
-    plain = _graph(files["llama-q4_1"], "ort", "fast", "f32")
-    half = _graph(files["llama-q4_1"], "ort", "fast", "f16")
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from edge.devices.graph_decoder import GRAPH_FORMAT, _graph_dir
+    from edge.models.transformer import BuildOptions
+
+    gg = open_gguf(files["llama-q4_1"])
+    f32 = BuildOptions(accuracy_level=4, staged=True)
+    # the key as graphs cached before --kv-dtype (and before attention per slot) were stored under
+    fields = {k: v for k, v in asdict(f32).items() if k not in ("slot_axis", "kv_dtype")}
+    st = gg.path.stat()
+    old = json.dumps(
+        [
+            str(gg.path.resolve()),
+            st.st_size,
+            st.st_mtime_ns,
+            GRAPH_FORMAT,
+            fields,
+            *("target:ort", "fuse:True"),
+        ]
+        + ["precision:fast"],
+        sort_keys=True,
+    )
+    folder = _graph_dir(gg, f32, "ort", True, "fast")
+    assert folder.name == hashlib.sha256(old.encode()).hexdigest()[:20]
+    assert _graph_dir(gg, replace(f32, kv_dtype="f16"), "ort", True, "fast") != folder
+    plain, half = (
+        _graph(files["llama-q4_1"], "ort", "fast", "f32"),
+        _graph(files["llama-q4_1"], "ort", "fast", "f16"),
+    )
     assert plain.graph_path != half.graph_path
-    assert _graph(files["llama-q4_1"], "ort", "fast", "f32").graph_path == plain.graph_path
 
 
 def test_auto_keeps_f32_on_the_cpu_graphs_and_f16_where_the_runtime_has_it() -> None:
