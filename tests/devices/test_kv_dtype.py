@@ -144,18 +144,8 @@ def test_the_graph_cache_keeps_its_keys_for_f32_and_builds_f16_apart(files: dict
     # the key as graphs cached before --kv-dtype (and before attention per slot) were stored under
     fields = {k: v for k, v in asdict(f32).items() if k not in ("slot_axis", "kv_dtype")}
     st = gg.path.stat()
-    old = json.dumps(
-        [
-            str(gg.path.resolve()),
-            st.st_size,
-            st.st_mtime_ns,
-            GRAPH_FORMAT,
-            fields,
-            *("target:ort", "fuse:True"),
-        ]
-        + ["precision:fast"],
-        sort_keys=True,
-    )
+    where = [str(gg.path.resolve()), st.st_size, st.st_mtime_ns, GRAPH_FORMAT, fields]
+    old = json.dumps([*where, "target:ort", "fuse:True", "precision:fast"], sort_keys=True)
     folder = _graph_dir(gg, f32, "ort", True, "fast")
     assert folder.name == hashlib.sha256(old.encode()).hexdigest()[:20]
     assert _graph_dir(gg, replace(f32, kv_dtype="f16"), "ort", True, "fast") != folder
