@@ -1,0 +1,118 @@
+"""Building the kernels: one shared library per source text, compiler and machine, made once with the
+machine's C compiler and kept in edge's cache (a few seconds; without a compiler the K-quant path is off and
+`kernel_library` says why, so the caller falls back to the lossless graph and says so)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from edge.errors import BackendUnavailableError
+from edge.models.store import cache_dir
+
+__all__ = ["KernelBuild", "kernel_library"]
+
+_LIB = "libedge_kquant.so"
+_SOURCES = ("kquant.h", "kernels.c", "dispatch.c", "ort_op.c")
+_COMMON = ("-O3", "-fPIC", "-std=c11", "-fno-strict-aliasing", "-Wall")
+# one kernels.c object per instruction set: (table name, flags); dispatch.c picks one at run time
+_X86_VARIANTS = (
+    ("kq_portable", ()),
+    ("kq_avx2", ("-mavx2", "-mfma", "-mf16c")),
+    ("kq_avx512", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+)
+_BUILD_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """A built library: its path and how it was made (for `edge devices` and the bench's report)."""
+
+    path: Path
+    compiler: str
+    variants: tuple[str, ...]
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise BackendUnavailableError(
+            "edge's K-quant kernels need a C compiler to build once, and none was found (cc, gcc, clang)",
+            hint="install one (Debian/Ubuntu: apt install gcc; macOS: xcode-select --install); until then the "
+            "lossless graphs run K-quant files, slower",
+        )
+    return cc
+
+
+def _source_text() -> dict[str, bytes]:
+    folder = resources.files("edge.devices.kquant") / "csrc"
+    return {name: (folder / name).read_bytes() for name in _SOURCES}
+
+
+def _key(cc: str, sources: dict[str, bytes]) -> str:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    h = hashlib.sha256()
+    for name in sorted(sources):
+        h.update(name.encode() + b"\0" + sources[name])
+    h.update(version.encode() + platform.machine().encode())
+    return h.hexdigest()[:20]
+
+
+def _compile(cc: str, src: Path, out: Path) -> tuple[str, ...]:
+    variants = _X86_VARIANTS if _is_x86() else _X86_VARIANTS[:1]
+    objs = []
+    for name, flags in variants:
+        obj = out / f"kernels_{name}.o"
+        _run([cc, *_COMMON, *flags, f"-DKQ_NAME={name}", "-c", str(src / "kernels.c"), "-o", str(obj)])
+        objs.append(str(obj))
+    for name in ("dispatch.c", "ort_op.c"):
+        obj = out / name.replace(".c", ".o")
+        _run([cc, *_COMMON, "-c", str(src / name), "-o", str(obj)])
+        objs.append(str(obj))
+    _run([cc, "-shared", "-o", str(out / _LIB), *objs, "-lm", "-lpthread"])
+    return tuple(name for name, _ in variants)
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise BackendUnavailableError(
+            f"building edge's K-quant kernels failed ({' '.join(cmd[:2])} ...): {done.stderr.strip()[-600:]}",
+            hint="the lossless graphs run K-quant files meanwhile; report this with the compiler's version",
+        )
+
+
+@lru_cache(maxsize=1)
+def kernel_library() -> KernelBuild:
+    """The built library, built now if this source, compiler and machine have none in the cache yet.
+    BackendUnavailableError (with what to do) when there is no compiler or the build fails."""
+    cc = _compiler()
+    sources = _source_text()
+    folder = cache_dir() / "kernels" / _key(cc, sources)
+    variants = tuple(n for n, _ in (_X86_VARIANTS if _is_x86() else _X86_VARIANTS[:1]))
+    lib = folder / _LIB
+    with _BUILD_LOCK:
+        if not lib.is_file():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+                work = Path(tmp)
+                for name, text in sources.items():
+                    (work / name).write_bytes(text)
+                _compile(cc, work, work)
+                folder.mkdir(exist_ok=True)
+                # another process may have finished first: replacing one complete file by another is atomic
+                os.replace(work / _LIB, lib)
+    return KernelBuild(lib, cc, variants)

@@ -1,0 +1,76 @@
+/* Which kernels this CPU runs, and the product over rows that the ONNX Runtime op and the tests share. */
+#include <stdlib.h>
+
+#include "kquant.h"
+
+int64_t kq_row_bytes(int type, int64_t k) {
+    if (k <= 0 || k % KQ_QK != 0) return 0;
+    switch (type) {
+    case KQ_Q4_K: return k / KQ_QK * 144;
+    case KQ_Q5_K: return k / KQ_QK * 176;
+    case KQ_Q6_K: return k / KQ_QK * 210;
+    default: return 0;
+    }
+}
+
+static int cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+static int cpu_has_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+const kq_kernels *kq_kernels_for(int isa) {
+    switch (isa) {
+    case KQ_ISA_PORTABLE: return &kq_portable;
+#if defined(__x86_64__) || defined(__i386__)
+    case KQ_ISA_AVX2: return cpu_has_avx2() ? &kq_avx2 : NULL;
+    case KQ_ISA_AVX512: return cpu_has_avx512() ? &kq_avx512 : NULL;
+#endif
+    default: return NULL;
+    }
+}
+
+int kq_best_isa(void) {
+    if (cpu_has_avx512()) return KQ_ISA_AVX512;
+    if (cpu_has_avx2()) return KQ_ISA_AVX2;
+    return KQ_ISA_PORTABLE;
+}
+
+void kq_matmul_rows(const kq_kernels *kern, int type, const kq_block_q8 *xq, int64_t m, int64_t k,
+                    const uint8_t *w, int64_t n0, int64_t n1, int64_t n_total, float *y) {
+    const int64_t nb = k / KQ_QK, rb = kq_row_bytes(type, k);
+    float (*dot)(const uint8_t *, const kq_block_q8 *, int64_t) =
+        type == KQ_Q4_K ? kern->dot_q4_k : type == KQ_Q5_K ? kern->dot_q5_k : kern->dot_q6_k;
+    /* a few weight rows at a time against every activation row: the rows stay in L1 while m runs */
+    enum { TILE = 8 };
+    for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
+        const int64_t t1 = t0 + TILE < n1 ? t0 + TILE : n1;
+        for (int64_t r = 0; r < m; r++) {
+            for (int64_t n = t0; n < t1; n++) y[r * n_total + n] = dot(w + n * rb, xq + r * nb, nb);
+        }
+    }
+}
+
+int kq_matmul(int isa, int type, const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, float *y) {
+    const kq_kernels *kern = kq_kernels_for(isa);
+    if (kern == NULL || kq_row_bytes(type, k) == 0 || m < 0 || n < 0) return -1;
+    kq_block_q8 *xq = malloc(sizeof(kq_block_q8) * (size_t)(m * (k / KQ_QK)) + 1);
+    if (xq == NULL) return -1;
+    for (int64_t r = 0; r < m; r++) kern->quantize(x + r * k, xq + r * (k / KQ_QK), k);
+    kq_matmul_rows(kern, type, xq, m, k, w, 0, n, n, y);
+    free(xq);
+    return 0;
+}
