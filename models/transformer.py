@@ -43,6 +43,7 @@ from typing import BinaryIO
 import numpy as np
 
 from edge.errors import ModelFormatError
+from edge.graph_opt import kquant_op
 from edge.graph_opt.weight import BlockWeight, stack_rows, take_rows
 from edge.kvcache.spec import kv_numpy_dtype
 from edge.models.arch import GLOBAL_TENSORS, LAYER_TENSORS, ArchConfig
@@ -76,6 +77,10 @@ class BuildOptions:
     # attention kernel: benchmarks/results/bench-depth-*); its new K/V outputs stay f32 (the ring rounds them as
     # it stores them) and its own attention reads them rounded (`as_stored`).
     kv_dtype: str = "f32"
+    # K-quant linears (Q4_K/Q5_K/Q6_K rows of 256-multiples) as edge.kquant.MatMulKQuant on the file's own
+    # bytes (graph_opt/kquant_op.py): a decode step reads each weight byte once, where MatMulNBits' one level
+    # of f32 scales reads ~1.4x; the kernel rounds activations to int8 blocks, so precision fast only
+    kquant: bool = False
 
 
 def layer_kinds(cfg: ArchConfig) -> list[int]:
@@ -232,44 +237,92 @@ class _Builder:
         self.g.inits += inits
         return y
 
+    def _kquant_rows(self, name: str, rows: np.ndarray | None) -> tuple[int, np.ndarray] | None:
+        """(GGML type, the rows as stored [n, row_bytes]) where the K-quant op reads the tensor, else None."""
+        info = self.gguf.tensors.get(name)
+        if not self.opts.kquant or info is None or len(info.shape) != 2:
+            return None
+        k, n = int(info.shape[0]), int(info.shape[1])
+        if not kquant_op.takes(info.ggml_type, k):
+            return None
+        raw = self.gguf.tensor_bytes(name).reshape(n, kquant_op.row_bytes(info.ggml_type, k))
+        return int(info.ggml_type), (raw if rows is None else raw[rows])
+
+    def _emit_kquant(self, x: str, ggml_type: int, rows: np.ndarray, label: str) -> str:
+        g = self.g
+        k = rows.shape[1] // kquant_op.ROW_BYTES_PER_256[ggml_type] * 256
+        w = g.init(g.name(label.replace(".weight", "") + ".kquant"), np.ascontiguousarray(rows))
+        return g.op(
+            kquant_op.OP_TYPE, [x, w], domain=kquant_op.DOMAIN, ggml_type=ggml_type, k=k, n=rows.shape[0]
+        )
+
+    def _bias_added(self, y: str, label: str, b: np.ndarray | None) -> str:
+        return y if b is None else self.g.op("Add", [y, self.g.init(label.replace(".weight", ".bias"), b)])
+
     def linear(
         self, x: str, name: str, perm: np.ndarray | None = None, *, accuracy: int | None = None
     ) -> str:
-        y = self._emit(x, self._weight(name, perm), name, accuracy)
-        b = self._bias(name, perm)
-        return y if b is None else self.g.op("Add", [y, self.g.init(name.replace(".weight", ".bias"), b)])
+        kq = self._kquant_rows(name, perm)
+        if kq is not None:
+            y = self._emit_kquant(x, *kq, name)
+        else:
+            y = self._emit(x, self._weight(name, perm), name, accuracy)
+        return self._bias_added(y, name, self._bias(name, perm))
 
     def linears(self, x: str, projs: Sequence[_Proj]) -> list[str]:
         """Linears sharing one input, fused into one matmul when their weights have the same form (QKV,
         gate+up): per token one kernel and one block-sum instead of several."""
+        kq = [self._kquant_rows(p.tensor, p.rows) for p in projs]
+        biases = [self._bias(p.tensor, p.rows) for p in projs]
+        if all(r is not None for r in kq) and len({r[0] for r in kq if r is not None}) == 1:
+            stacked = np.concatenate([r[1] for r in kq if r is not None])
+            label = projs[0].label.replace(".weight", "") + "_fused"
+            y = self._emit_kquant(x, kq[0][0], stacked, label)  # type: ignore[index]
+            return self._split_fused(y, projs, biases, [r[1].shape[0] for r in kq if r is not None])
+        if any(r is not None for r in kq):  # mixed types (Q4_K_M's Q6_K V rows): one op each
+            return [
+                self._bias_added(
+                    self._emit_kquant(x, *r, p.label)
+                    if r is not None
+                    else self._emit(x, self._proj_weight(p), p.label, None),
+                    p.label,
+                    b,
+                )
+                for p, r, b in zip(projs, kq, biases, strict=True)
+            ]
         decoded: dict[str, BlockWeight | np.ndarray] = {}  # a fused tensor is decoded once for its shares
         for p in projs:
             if p.tensor not in decoded:
                 decoded[p.tensor] = self._weight(p.tensor, None)
         ws = [decoded[p.tensor] if p.rows is None else take_rows(decoded[p.tensor], p.rows) for p in projs]
-        biases = [self._bias(p.tensor, p.rows) for p in projs]
         fused = stack_rows(ws)
-        g = self.g
         if fused is None:
-            outs = []
-            for p, w, b in zip(projs, ws, biases, strict=True):
-                y = self._emit(x, w, p.label, None)
-                bias = p.label.replace(".weight", ".bias")
-                outs.append(y if b is None else g.op("Add", [y, g.init(bias, b)]))
-            return outs
+            return [
+                self._bias_added(self._emit(x, w, p.label, None), p.label, b)
+                for p, w, b in zip(projs, ws, biases, strict=True)
+            ]
+        y = self._emit(x, fused, projs[0].label.replace(".weight", "") + "_fused", None)
+        return self._split_fused(y, projs, biases, [w_n(w) for w in ws])
+
+    def _proj_weight(self, p: _Proj) -> BlockWeight | np.ndarray:
+        w = self._weight(p.tensor, None)
+        return w if p.rows is None else take_rows(w, p.rows)
+
+    def _split_fused(
+        self, y: str, projs: Sequence[_Proj], biases: Sequence[np.ndarray | None], sizes: Sequence[int]
+    ) -> list[str]:
+        """A fused linear's output (its biases added, zeros where a share has none) split back per share."""
+        g = self.g
         label = projs[0].label
-        y = self._emit(x, fused, label.replace(".weight", "") + "_fused", None)
         if any(b is not None for b in biases):
             full = np.concatenate(
-                [
-                    b if b is not None else np.zeros(w_n(w), np.float32)
-                    for b, w in zip(biases, ws, strict=True)
-                ]
+                [b if b is not None else np.zeros(n, np.float32) for b, n in zip(biases, sizes, strict=True)]
             )
             y = g.op("Add", [y, g.init(label.replace(".weight", "_fused.bias"), full)])
-        sizes = g.const([w_n(w) for w in ws], np.int64)
         outs = [g.name(p.label.replace(".weight", "")) for p in projs]
-        g.nodes.append(g.h.make_node("Split", [y, sizes], outs, axis=-1, name=g.name("Split")))
+        g.nodes.append(
+            g.h.make_node("Split", [y, g.const(list(sizes), np.int64)], outs, axis=-1, name=g.name("Split"))
+        )
         return outs
 
     # -- blocks ------------------------------------------------------------------------------------------
@@ -589,6 +642,8 @@ class _Builder:
             self.on_step()
         graph = helper.make_graph(g.nodes, f"edge_{cfg.arch}", inputs, outputs, initializer=g.inits)
         opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+        if opts.kquant:
+            opsets.append(helper.make_opsetid(kquant_op.DOMAIN, 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="edge")
         model.ir_version = 10
         return model

@@ -58,7 +58,9 @@ def matmul(x: np.ndarray, w: np.ndarray, ggml_type: int, *, isa: str | None = No
     if not takes(ggml_type, k):
         raise ValueError(f"the K-quant kernels take no type {ggml_type} rows of {k} inputs (bytes per row?)")
     if w.ndim != 2 or w.shape[1] != row_bytes(ggml_type, k):
-        raise ValueError(f"type {ggml_type} rows of {k} inputs are {row_bytes(ggml_type, k)} bytes, got {w.shape}")
+        raise ValueError(
+            f"type {ggml_type} rows of {k} inputs are {row_bytes(ggml_type, k)} bytes, got {w.shape}"
+        )
     if isa is not None and not isa_runs(isa):
         raise ValueError(f"this CPU does not run the {isa} kernels")
     n = w.shape[0]
