@@ -20,6 +20,7 @@ import numpy as np
 from edge.devices.base import Capabilities, Decoder
 from edge.devices.batch import batched
 from edge.devices.invariance import rows_invariant
+from edge.devices.kquant import kquant_library
 from edge.devices.mapped import drop_mapped_pages, mapped_sources, release_heap
 from edge.devices.memory import check_slots_fit
 from edge.devices.precision import BF16, check_precision, graph_precision
@@ -69,12 +70,16 @@ class GraphOptions:
     slot_axis: bool = False
     # the ring's element type, which the graph's K/V inputs take (models/transformer.BuildOptions.kv_dtype)
     kv_dtype: str = "f32"
+    # K-quant linears on edge's kernels (models/transformer.BuildOptions.kquant, devices/kquant): None = where
+    # they run (ORT on the CPU at precision fast, a file with K-quant linears, the kernels built here);
+    # True requires them, False keeps MatMulNBits
+    kquant: bool | None = None
 
 
 def _graph_dir(gguf: GGUFFile, build: BuildOptions, target: str | None, fuse: bool, precision: str) -> Path:
     st = gguf.path.stat()
     fields = asdict(build)
-    for name in ("slot_axis", "kv_dtype"):  # the graphs cached before these options keep their keys
+    for name in ("slot_axis", "kv_dtype", "kquant"):  # the graphs cached before these options keep their keys
         if fields[name] == getattr(BuildOptions, name):
             del fields[name]
     key = json.dumps(
@@ -212,8 +217,9 @@ def _build_into(
     step()
 
 
-def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:
-    """The builder's options for a GraphDecoder's graph (what `ensure_graph` is called with)."""
+def build_options(cfg: ArchConfig, opts: GraphOptions, kquant: bool = False) -> BuildOptions:
+    """The builder's options for a GraphDecoder's graph (what `ensure_graph` is called with); `kquant` as
+    `kquant_wanted` decided it."""
     level = opts.accuracy_level
     if level is None:
         level = 0 if graph_precision(opts.precision) == "exact" else 4
@@ -225,6 +231,7 @@ def build_options(cfg: ArchConfig, opts: GraphOptions) -> BuildOptions:
         staged=GraphDecoder._staged(opts),
         slot_axis=opts.slot_axis and not opts.static_shapes,
         kv_dtype=opts.kv_dtype,
+        kquant=kquant,
     )
 
 
@@ -245,11 +252,20 @@ class GraphDecoder(RingDecoder):
         if opts.precision == BF16 and (opts.backend, opts.device) != ("openvino", "cpu"):
             raise ValueError(f"precision bf16 runs on openvino:cpu only, not {opts.backend}:{opts.device}")
         built = graph_precision(opts.precision)  # bf16: the exact graph, rounded by the runtime
-        build = build_options(cfg, opts)
+        kernels = kquant_library(gguf, opts)
+        build = build_options(cfg, opts, kquant=kernels is not None)
+        self.kquant = kernels is not None  # K-quant linears run on edge's kernels (what the bench reports)
         self.staged, self.slot_axis = build.staged, build.slot_axis
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=built)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled
-        runner_opts = RunnerOptions(opts.device, opts.threads, opts.precision, model_path.parent, opts.spin)
+        runner_opts = RunnerOptions(
+            opts.device,
+            opts.threads,
+            opts.precision,
+            model_path.parent,
+            opts.spin,
+            custom_ops=() if kernels is None else (kernels,),
+        )
         where = f"{_BACKEND_NAMES.get(opts.backend, opts.backend)} on {opts.device}"
         with opening(f"the graph for {gguf.path.name} with {where}"):
             self.runner: Runner = make_runner(model_path, runner_opts)

@@ -32,6 +32,8 @@ class RunnerOptions:
     precision: str = "exact"  # exact: fp32 math; fast: int8 activations where the runtime has them
     cache_dir: Path | None = None  # compiled artifacts (OpenVINO blobs, ORT optimized model)
     spin: bool = True  # ORT: intra-op threads spin between runs (lowest latency for one session alone)
+    # ORT: custom-op libraries the graph's ops need (devices/kquant's MatMulKQuant), registered before it opens
+    custom_ops: tuple[Path, ...] = ()
 
 
 class Runner(Protocol):
@@ -94,6 +96,8 @@ class OrtRunner:
         so.intra_op_num_threads = _threads(opts)
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        for library in opts.custom_ops:
+            so.register_custom_ops_library(str(library))
         if not opts.spin:
             # measured with a 0.5b draft taking turns with a 1.5b target: a 4-token verify 85 -> 59 ms
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")

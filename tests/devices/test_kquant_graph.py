@@ -1,0 +1,132 @@
+"""Graphs whose K-quant linears run on edge's kernels (MatMulKQuant in ONNX Runtime), on tiny random models:
+the same logits as the float64 forward within precision fast's rounding, on every ISA path; where the kernels
+do not apply, the lossless graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from edge.devices.graph_decoder import GraphDecoder, GraphOptions
+from edge.devices.kquant import ISAS, isa_runs
+from edge.errors import DeviceError
+from edge.graph_opt import kquant_op
+from edge.models.gguf_file import open_gguf
+from tests import numpy_reference as ref
+from tests.models.test_graph_engine import KQUANT_DIMS, SPECS, cosines, ids_for, llamacpp_logits, retype
+from tests.tiny_models import write_tiny_model
+
+pytestmark = pytest.mark.usefixtures("edge_cache")
+
+N = 20
+PLAN = (12, *[1] * (N - 12))  # a 12-token prompt, then one token a step
+
+
+def _v_q6(name: str) -> T:  # Q4_K_M's mix: most linears Q4_K, the V projections and the head Q6_K
+    return T.Q6_K if "attn_v" in name or name == "output.weight" else T.Q4_K
+
+
+MIXES: dict[str, Callable[[str], T]] = {
+    "Q4_K": lambda _: T.Q4_K,
+    "Q5_K": lambda _: T.Q5_K,
+    "Q6_K": lambda _: T.Q6_K,
+    "Q4_K_M-like": _v_q6,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str], Path]:
+    root = tmp_path_factory.mktemp("kquant_models")
+    made: dict[tuple[str, str], Path] = {}
+
+    def make(arch: str, mix: str) -> Path:
+        if (arch, mix) not in made:
+            f32 = write_tiny_model(root / f"{arch}-f32.gguf", replace(SPECS[arch], **KQUANT_DIMS))
+            made[arch, mix] = retype(f32, root / f"{arch}-{mix}.gguf", MIXES[mix])
+        return made[arch, mix]
+
+    return make
+
+
+def _decoder(path: Path, **options: object) -> GraphDecoder:
+    opts = GraphOptions(backend="ort", threads=1, precision="fast", prefill_chunk=16, **options)  # type: ignore[arg-type]
+    return GraphDecoder(open_gguf(path), opts)
+
+
+def _feed(dec: GraphDecoder, ids: list[int]) -> np.ndarray:
+    out, at = [], 0
+    for n in PLAN:
+        out.append(dec.forward(ids[at : at + n]))
+        at += n
+    return np.concatenate(out)
+
+
+def _kquant_nodes(dec: GraphDecoder) -> int:
+    graph = onnx.load(str(dec.graph_path), load_external_data=False).graph
+    return sum(1 for n in graph.node if n.domain == kquant_op.DOMAIN and n.op_type == kquant_op.OP_TYPE)
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_logits_follow_the_float64_forward(arch: str, mix: str, tiny: Callable[[str, str], Path]) -> None:
+    """Prompt and decode steps through the kernels: as close to the float64 forward as llama.cpp, which rounds
+    the activations the same way (int8 per 256); every K-quant linear on them. MatMulNBits' int8 path rounds
+    per 32 (and 16 for Q/K/V) and comes closer, at ~1.4x the bytes a token."""
+    path = tiny(arch, mix)
+    ids = ids_for(N, seed=3)
+    want = ref.forward(ref.load(path), ids)
+    kq = _decoder(path)
+    assert kq.kquant and _kquant_nodes(kq) > 0
+    ours = _feed(kq, ids)
+    nbits = _decoder(path, kquant=False)
+    assert not nbits.kquant and _kquant_nodes(nbits) == 0
+    cos_ours, cos_nbits = cosines(ours, want).min(), cosines(_feed(nbits, ids), want).min()
+    cos_llama = cosines(llamacpp_logits(path, ids), want).min()
+    print(
+        f"\n[{arch}/{mix}] min cosine to float64: kquant {cos_ours:.6f}, llama.cpp {cos_llama:.6f}, "
+        f"MatMulNBits int8 {cos_nbits:.6f}"
+    )
+    assert cos_ours >= 0.995
+    assert 1 - cos_ours <= 1.5 * (1 - cos_llama) + 1e-6
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if isa_runs(i)])
+def test_every_isa_path_in_the_graph(
+    isa: str, tiny: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EDGE_KQUANT_ISA forces the op's kernels: each path this CPU runs gives the portable path's logits."""
+    path, ids = tiny("qwen2", "Q4_K_M-like"), ids_for(N, seed=4)
+    monkeypatch.setenv("EDGE_KQUANT_ISA", "portable")
+    base = _feed(_decoder(path), ids)
+    monkeypatch.setenv("EDGE_KQUANT_ISA", isa)
+    np.testing.assert_allclose(_feed(_decoder(path), ids), base, rtol=1e-4, atol=1e-4)
+
+
+def test_a_forced_isa_this_cpu_cannot_run_is_an_error(
+    tiny: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGE_KQUANT_ISA", "sse9")
+    with pytest.raises(Exception, match="EDGE_KQUANT_ISA"):
+        _decoder(tiny("qwen2", "Q4_K")).forward([5, 6, 7])
+
+
+def test_where_the_kernels_do_not_apply(
+    tiny: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exact keeps the lossless graph; a file without K-quant linears too; asking for the kernels there is an
+    error that says where they run; EDGE_KQUANT=off turns auto off."""
+    path = tiny("qwen2", "Q4_K")
+    exact = GraphDecoder(open_gguf(path), GraphOptions(backend="ort", threads=1, precision="exact"))
+    assert not exact.kquant
+    with pytest.raises(DeviceError, match="ort:cpu at precision fast"):
+        GraphDecoder(open_gguf(path), GraphOptions(backend="ort", precision="exact", kquant=True))
+    f32 = write_tiny_model(path.with_name("plain-f32.gguf"), SPECS["qwen2"])
+    assert not _decoder(f32).kquant
+    monkeypatch.setenv("EDGE_KQUANT", "off")
+    assert not _decoder(path).kquant
