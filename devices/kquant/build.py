@@ -22,13 +22,13 @@ from edge.models.store import cache_dir
 __all__ = ["KernelBuild", "kernel_library"]
 
 _LIB = "libedge_kquant.so"
-_SOURCES = ("kquant.h", "kernels.c", "dispatch.c", "ort_op.c")
-_COMMON = ("-O3", "-fPIC", "-std=c11", "-fno-strict-aliasing", "-Wall")
+_SOURCES = ("kquant.h", "kernels.c", "kernels_simd.h", "dispatch.c", "ort_op.c")
+_COMMON = ("-O3", "-fPIC", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function")
 # one kernels.c object per instruction set: (table name, flags); dispatch.c picks one at run time
 _X86_VARIANTS = (
     ("kq_portable", ()),
     ("kq_avx2", ("-mavx2", "-mfma", "-mf16c")),
-    ("kq_avx512", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
+    ("kq_avx512", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")),
 )
 _BUILD_LOCK = threading.Lock()
 

@@ -26,7 +26,7 @@ static int cpu_has_avx512(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512vl");
 #else
     return 0;
 #endif
@@ -52,14 +52,26 @@ int kq_best_isa(void) {
 void kq_matmul_rows(const kq_kernels *kern, int type, const kq_block_q8 *xq, int64_t m, int64_t k,
                     const uint8_t *w, int64_t n0, int64_t n1, int64_t n_total, float *y) {
     const int64_t nb = k / KQ_QK, rb = kq_row_bytes(type, k);
-    float (*dot)(const uint8_t *, const kq_block_q8 *, int64_t) =
-        type == KQ_Q4_K ? kern->dot_q4_k : type == KQ_Q5_K ? kern->dot_q5_k : kern->dot_q6_k;
-    /* a few weight rows at a time against every activation row: the rows stay in L1 while m runs */
-    enum { TILE = 8 };
+    if (m == 1) {
+        float (*dot)(const uint8_t *, const kq_block_q8 *, int64_t) =
+            type == KQ_Q4_K ? kern->dot_q4_k : type == KQ_Q5_K ? kern->dot_q5_k : kern->dot_q6_k;
+        for (int64_t n = n0; n < n1; n++) y[n] = dot(w + n * rb, xq, nb);
+        return;
+    }
+    /* a few weight rows at a time against every activation row, four of those a call: the weight rows stay
+     * in L1 while m runs, and each block is decoded once per four activation rows */
+    enum { TILE = 8, GROUP = 4 };
     for (int64_t t0 = n0; t0 < n1; t0 += TILE) {
         const int64_t t1 = t0 + TILE < n1 ? t0 + TILE : n1;
-        for (int64_t r = 0; r < m; r++) {
-            for (int64_t n = t0; n < t1; n++) y[r * n_total + n] = dot(w + n * rb, xq + r * nb, nb);
+        for (int64_t r = 0; r < m; r += GROUP) {
+            const int nr = (int)(m - r < GROUP ? m - r : GROUP);
+            const kq_block_q8 *ys[GROUP];
+            for (int i = 0; i < nr; i++) ys[i] = xq + (r + i) * nb;
+            for (int64_t n = t0; n < t1; n++) {
+                float out[GROUP];
+                kern->dotn(type, w + n * rb, ys, nr, nb, out);
+                for (int i = 0; i < nr; i++) y[(r + i) * n_total + n] = out[i];
+            }
         }
     }
 }

@@ -94,28 +94,11 @@ static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
     }
 }
 
-#if defined(__AVX2__)
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* 32 unsigned codes times 32 int8 activations, summed in pairs, times one scale per 16 codes: 8 int32 */
-static inline __m256i dot32(__m256i q, const int8_t *y, __m256i scale16) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y)), scale16);
-}
-#endif
 
 /* ---- Q4_K: 144 bytes = d, dmin (f16), 12 bytes of scales and mins, 128 bytes of 4-bit codes ------- */
 
-static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+static float dot_q4_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
     float sum = 0.0f;
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0xf);
-#endif
     for (int64_t b = 0; b < nb; b++, w += 144) {
         const float d = y[b].d * half_to_float(w), dmin = y[b].d * half_to_float(w + 2);
         uint8_t sc[8], mn[8];
@@ -123,16 +106,6 @@ static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
         const uint8_t *qs = w + 16;
         const int8_t *ys = y[b].qs;
         sum -= dmin * (float)mins_term(mn, y[b].bsums);
-#if defined(__AVX2__)
-        __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            isum = _mm256_add_epi32(isum, dot32(lo, ys + 64 * j, _mm256_set1_epi16(sc[2 * j])));
-            isum = _mm256_add_epi32(isum, dot32(hi, ys + 64 * j + 32, _mm256_set1_epi16(sc[2 * j + 1])));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-#else
         int32_t isum = 0;
         for (int j = 0; j < 8; j++) {
             const uint8_t *q = qs + 32 * (j / 2);
@@ -142,22 +115,14 @@ static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
             isum += sc[j] * t;
         }
         sum += d * (float)isum;
-#endif
     }
-#if defined(__AVX2__)
-    sum += hsum_ps(acc);
-#endif
     return sum;
 }
 
 /* ---- Q5_K: 176 bytes = d, dmin, 12 bytes of scales and mins, 32 bytes of high bits, 128 of low nibbles */
 
-static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+static float dot_q5_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
     float sum = 0.0f;
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
-#endif
     for (int64_t b = 0; b < nb; b++, w += 176) {
         const float d = y[b].d * half_to_float(w), dmin = y[b].d * half_to_float(w + 2);
         uint8_t sc[8], mn[8];
@@ -165,21 +130,6 @@ static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
         const uint8_t *qh = w + 16, *qs = w + 48;
         const int8_t *ys = y[b].qs;
         sum -= dmin * (float)mins_term(mn, y[b].bsums);
-#if defined(__AVX2__)
-        const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-        __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i hlo = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
-            const __m256i hhi = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(hlo, 4));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                               _mm256_slli_epi16(hhi, 4));
-            isum = _mm256_add_epi32(isum, dot32(lo, ys + 64 * j, _mm256_set1_epi16(sc[2 * j])));
-            isum = _mm256_add_epi32(isum, dot32(hi, ys + 64 * j + 32, _mm256_set1_epi16(sc[2 * j + 1])));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-#else
         int32_t isum = 0;
         for (int j = 0; j < 8; j++) {
             const uint8_t *q = qs + 32 * (j / 2);
@@ -192,22 +142,14 @@ static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
             isum += sc[j] * t;
         }
         sum += d * (float)isum;
-#endif
     }
-#if defined(__AVX2__)
-    sum += hsum_ps(acc);
-#endif
     return sum;
 }
 
 /* ---- Q6_K: 210 bytes = 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d (f16) ----- */
 
-static float dot_q6_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+static float dot_q6_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
     float sum = 0.0f;
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
-#endif
     for (int64_t b = 0; b < nb; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
@@ -217,29 +159,6 @@ static float dot_q6_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
         int32_t offset = 0;
         for (int g = 0; g < 16; g++) offset += sc[g] * y[b].bsums[g];
         sum -= 32.0f * d * (float)offset;
-#if defined(__AVX2__)
-        __m256i isum = _mm256_setzero_si256();
-        for (int half = 0; half < 2; half++) {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * half));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * half));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * half + 32));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
-            };
-            for (int i = 0; i < 4; i++) {
-                const int g = 8 * half + 2 * i; /* each 32 codes are two groups of 16, one scale each */
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-                isum = _mm256_add_epi32(isum, dot32(q[i], ys + 128 * half + 32 * i, s));
-            }
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-#else
         int32_t isum = 0;
         for (int half = 0; half < 2; half++) {
             const uint8_t *l = ql + 64 * half, *h = qh + 32 * half;
@@ -253,12 +172,42 @@ static float dot_q6_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
             }
         }
         sum += d * (float)isum;
-#endif
     }
-#if defined(__AVX2__)
-    sum += hsum_ps(acc);
-#endif
     return sum;
 }
 
-const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k};
+#include "kernels_simd.h"
+
+#if defined(__AVX512BW__)
+static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx512(w, y, nb, 0); }
+static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx512(w, y, nb, 1); }
+#define dot_q6_k dot_q6_k_avx512
+#elif defined(__AVX2__)
+static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx2(w, y, nb, 0); }
+static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx2(w, y, nb, 1); }
+#define dot_q6_k dot_q6_k_avx2
+#else
+#define dot_q4_k dot_q4_k_c
+#define dot_q5_k dot_q5_k_c
+#define dot_q6_k dot_q6_k_c
+#endif
+
+/* up to 4 activation rows against one weight row */
+static void dotn(int type, const uint8_t *w, const kq_block_q8 *const *ys, int nr, int64_t nb, float *out) {
+#if defined(__AVX2__)
+    switch (nr * 16 + type) {
+#define KQ_CASE(n)                                                                                         \
+    case n * 16 + KQ_Q4_K: dotn_q45_k_avx2(w, ys, n, nb, 0, out); return;                                   \
+    case n * 16 + KQ_Q5_K: dotn_q45_k_avx2(w, ys, n, nb, 1, out); return;                                   \
+    case n * 16 + KQ_Q6_K: dotn_q6_k_avx2(w, ys, n, nb, out); return;
+        KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
+#undef KQ_CASE
+    default: break;
+    }
+#endif
+    float (*dot)(const uint8_t *, const kq_block_q8 *, int64_t) =
+        type == KQ_Q4_K ? dot_q4_k : type == KQ_Q5_K ? dot_q5_k : dot_q6_k;
+    for (int r = 0; r < nr; r++) out[r] = dot(w, ys[r], nb);
+}
+
+const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn};

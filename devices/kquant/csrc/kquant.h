@@ -31,6 +31,8 @@ typedef struct {
     float (*dot_q4_k)(const uint8_t *w, const kq_block_q8 *y, int64_t nb);
     float (*dot_q5_k)(const uint8_t *w, const kq_block_q8 *y, int64_t nb);
     float (*dot_q6_k)(const uint8_t *w, const kq_block_q8 *y, int64_t nb);
+    /* one weight row against nr <= 4 activation rows (each nb blocks), decoding the row once */
+    void (*dotn)(int type, const uint8_t *w, const kq_block_q8 *const *ys, int nr, int64_t nb, float *out);
 } kq_kernels;
 
 extern const kq_kernels kq_portable;
