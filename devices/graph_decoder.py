@@ -217,6 +217,13 @@ def _build_into(
     step()
 
 
+def graph_weight_bytes(model_path: Path) -> int:
+    """Bytes of weights a one-token forward of the graph reads: its external data (every linear, norm and
+    bias; the embedding table is not in the graph, its rows are gathered from the file)."""
+    data = model_path.with_name(model_path.name + ".data")
+    return data.stat().st_size if data.exists() else model_path.stat().st_size
+
+
 def build_options(cfg: ArchConfig, opts: GraphOptions, kquant: bool = False) -> BuildOptions:
     """The builder's options for a GraphDecoder's graph (what `ensure_graph` is called with); `kquant` as
     `kquant_wanted` decided it."""
@@ -270,6 +277,7 @@ class GraphDecoder(RingDecoder):
         with opening(f"the graph for {gguf.path.name} with {where}"):
             self.runner: Runner = make_runner(model_path, runner_opts)
         self.first_run_costs = self.runner.prepares_on_first_run
+        self.weights_read = graph_weight_bytes(model_path)
         self.embed = Embedder(gguf, cfg)
         self._outputs = ["logits"] + [f"new_{n}_{i}" for i in range(cfg.n_layer) for n in ("key", "value")]
         # the claim's static conditions, then a run of this graph on this machine (devices/invariance.py)

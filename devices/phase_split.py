@@ -186,6 +186,7 @@ class PhaseSplitDecoder(RingDecoder):
         self.device = "+".join(dict.fromkeys((prefill.device, decode.device)))
         self.staged = decode.staged  # short forwards are the decode half's, cut at its windows
         self.first_run_costs = prefill.first_run_costs or decode.first_run_costs
+        self.weights_read = decode.capabilities().weights_read  # a token is the decode half's
         self._init_ring_of(decode.cfg, decode.options)  # a static decode half is refused (_check_geometry)
         # a static prefill half runs prompts itself on this ring (_forward_static); its own is dropped
         self._static = prefill if isinstance(prefill, PartitionedDecoder) and prefill._bind_all else None
@@ -245,6 +246,7 @@ class PhaseSplitDecoder(RingDecoder):
             sinks=self,
             staged=self.staged,
             first_run_costs=self.first_run_costs,
+            weights_read=self.weights_read,
             truncation=self,
             phases=self._phases,
             batching=self if batches else None,

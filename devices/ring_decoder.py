@@ -47,6 +47,7 @@ class RingDecoder:
     vocab_size: int
     staged: bool = False  # the graph has staged attention (kvcache/staging.py); subclasses set it
     first_run_costs: bool = False  # a runner prepares its kernels on the first runs; subclasses set it
+    weights_read: int | None = None  # Capabilities.weights_read; graph decoders set it from their graphs
 
     def _init_ring(
         self,
@@ -256,6 +257,7 @@ class RingDecoder:
             staged=self.staged,
             first_run_costs=self.first_run_costs,
             truncation=self,
+            weights_read=self.weights_read,
         )
 
     def rollback_reach(self) -> int:

@@ -82,8 +82,17 @@ class BackendResult:
     rss_growth_mb: Stat
     samples: tuple[Sample, ...]
 
-    def to_dict(self, against: BackendResult, bound_tok_s: float) -> dict[str, Any]:
+    def to_dict(self, against: BackendResult, roofline: dict[str, Any]) -> dict[str, Any]:
+        bound_tok_s = float(roofline["bound_tok_s"])
         out: dict[str, Any] = {"backend": self.backend, "device": self.device, "rounds": len(self.samples)}
+        # the weights a token reads, against the file's (what llama.cpp reads), and the rate decode read them at
+        file_bytes = int(roofline["weight_bytes_per_token"])
+        read = self.samples[0].weights_read or file_bytes
+        if read > 0:
+            out["weight_bytes_read_per_token"] = read
+            out["weight_bytes_ratio_to_file"] = round(read / file_bytes, 4)
+            out["decode_read_gb_s"] = round(self.decode_tok_s.median * read / 1e9, 2)
+            out["decode_bandwidth_fraction"] = round(out["decode_read_gb_s"] / roofline["bandwidth_gb_s"], 4)
         out["load_cold_s"] = round(self.load_cold_s, 4)
         for name, stat, digits in (
             ("load_s", self.load_s, 4),
@@ -164,7 +173,6 @@ class BenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config
-        bound = float(self.roofline["bound_tok_s"])
         return {
             "model": self.model,
             "file": self.path,
@@ -184,7 +192,7 @@ class BenchReport:
                 "order": "interleaved: each round runs every backend once, in the order given",
             },
             "machine": self.machine,
-            "results": [r.to_dict(self.against, bound) for r in self.results],
+            "results": [r.to_dict(self.against, self.roofline) for r in self.results],
             "roofline": self.roofline,
             "notes": self.notes,
             "draft": None if self.draft is None else self.draft.to_dict(),
@@ -328,7 +336,8 @@ def _measure(
             dec.forward(prompt, last_only=True)
             t_warm = time.perf_counter() - t0
             rss.sample()
-            parts_of = dec.capabilities().partitions
+            caps = dec.capabilities()
+            parts_of, weights_read = caps.partitions, caps.weights_read or 0
             labels = [p.label for p in parts_of.partition_info()] if parts_of is not None else []
         finally:
             dec.close()
@@ -338,6 +347,7 @@ def _measure(
         for i, label in enumerate(labels if len(p0) == len(labels) else [])
     )
     return Sample(
+        weights_read=weights_read,
         load_s=load_s,
         ttft_ms=ttft * 1e3,
         prefill_tok_s=len(prompt) / t_prefill,

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from edge.errors import EdgeError
 
-__all__ = ["batch_lines", "bench_table", "check_plot", "partition_lines", "write_plot"]
+__all__ = ["batch_lines", "bench_table", "bytes_lines", "check_plot", "partition_lines", "write_plot"]
 
 
 def _num(v: float) -> str:
@@ -70,6 +70,19 @@ def bench_table(report: dict[str, Any]) -> Table:
             f"{r['ratio_decode']:.2f}",
         )
     return table
+
+
+def bytes_lines(report: dict[str, Any]) -> list[str]:
+    """The weight bytes a decode step reads against the file's, and the rate decode read them at against the
+    measured read bandwidth (absent in older reports)."""
+    bw = report["roofline"]["bandwidth_gb_s"]
+    return [
+        f"{r['backend']}: reads {r['weight_bytes_ratio_to_file']:.2f}x the file's weight bytes a token "
+        f"({r['weight_bytes_read_per_token'] / 1e6:.0f} MB); decode read {r['decode_read_gb_s']:.1f} GB/s, "
+        f"{100 * r['decode_bandwidth_fraction']:.0f}% of the measured {bw:.1f} GB/s"
+        for r in report["results"]
+        if "weight_bytes_ratio_to_file" in r
+    ]
 
 
 def batch_lines(report: dict[str, Any]) -> list[str]:

@@ -20,7 +20,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from edge.bench import run_bench, total_steps
-    from edge.bench_report import batch_lines, bench_table, check_plot, partition_lines, write_plot
+    from edge.bench_report import (
+        batch_lines,
+        bench_table,
+        bytes_lines,
+        check_plot,
+        partition_lines,
+        write_plot,
+    )
 
     if args.plot:
         check_plot()
@@ -43,7 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench = run_bench(args.model, cfg, on_step=step)
     report = bench.to_dict()
     (err if args.json == "-" else Console()).print(bench_table(report))
-    for line in batch_lines(report) + partition_lines(report):
+    for line in bytes_lines(report) + batch_lines(report) + partition_lines(report):
         (err if args.json == "-" else Console()).print(line, highlight=False)
     if bench.draft is not None:
         (err if args.json == "-" else Console()).print(bench.draft.summary(), highlight=False)

@@ -179,6 +179,12 @@ def test_bench_peer_row_and_batch_costs() -> None:
         assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["prefill_warm_tok_s"] > 0
         assert r["ratio_decode"] > 0 and r["peak_rss_mb"] > 50
     assert "batch_cost_steps" not in rows["openvino-genai"]
+    # the weight bytes a token reads against the file's: llama.cpp reads the blocks as stored; edge's graph
+    # (Q4_1 here, no K-quant kernels) one level of f32 scales more; a peer's own layout is not known
+    assert rows["llamacpp"]["weight_bytes_ratio_to_file"] == 1.0
+    assert 1.0 < rows["ort"]["weight_bytes_ratio_to_file"] < 1.6
+    assert "weight_bytes_ratio_to_file" not in rows["openvino-genai"]
+    assert rows["ort"]["decode_read_gb_s"] > 0 and "the file's weight bytes a token" in out.stderr
     for b in ("llamacpp", "ort"):
         costs = rows[b]["batch_cost_steps"]
         assert list(costs) == ["1", "2", "4", "8", "16"] and all(v > 0 for v in costs.values())
