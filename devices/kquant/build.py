@@ -47,10 +47,12 @@ def _is_x86() -> bool:
 
 
 def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    named = os.environ.get("CC")
+    cc = shutil.which(named) if named else shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         raise BackendUnavailableError(
-            "edge's K-quant kernels need a C compiler to build once, and none was found (cc, gcc, clang)",
+            "edge's K-quant kernels need a C compiler to build once, and none was found "
+            f"({'CC=' + named if named else 'cc, gcc, clang'})",
             hint="install one (Debian/Ubuntu: apt install gcc; macOS: xcode-select --install); until then the "
             "lossless graphs run K-quant files, slower",
         )
@@ -62,12 +64,12 @@ def _source_text() -> dict[str, bytes]:
     return {name: (folder / name).read_bytes() for name in _SOURCES}
 
 
-def _key(cc: str, sources: dict[str, bytes]) -> str:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+def _key(sources: dict[str, bytes]) -> str:
+    """The source text and the machine: a library built once is used without a compiler afterwards."""
     h = hashlib.sha256()
     for name in sorted(sources):
         h.update(name.encode() + b"\0" + sources[name])
-    h.update(version.encode() + platform.machine().encode())
+    h.update(platform.machine().encode())
     return h.hexdigest()[:20]
 
 
@@ -97,22 +99,29 @@ def _run(cmd: list[str]) -> None:
 
 @lru_cache(maxsize=1)
 def kernel_library() -> KernelBuild:
-    """The built library, built now if this source, compiler and machine have none in the cache yet.
-    BackendUnavailableError (with what to do) when there is no compiler or the build fails."""
-    cc = _compiler()
+    """The built library, built now if this source and machine have none in the cache yet.
+    BackendUnavailableError (with what to do) when it must be built and there is no compiler or the build
+    fails."""
     sources = _source_text()
-    folder = cache_dir() / "kernels" / _key(cc, sources)
+    folder = cache_dir() / "kernels" / _key(sources)
     variants = tuple(n for n, _ in (_X86_VARIANTS if _is_x86() else _X86_VARIANTS[:1]))
     lib = folder / _LIB
     with _BUILD_LOCK:
         if not lib.is_file():
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-                work = Path(tmp)
-                for name, text in sources.items():
-                    (work / name).write_bytes(text)
-                _compile(cc, work, work)
-                folder.mkdir(exist_ok=True)
-                # another process may have finished first: replacing one complete file by another is atomic
-                os.replace(work / _LIB, lib)
-    return KernelBuild(lib, cc, variants)
+            _build(_compiler(), sources, folder)
+    return KernelBuild(lib, (folder / "compiler.txt").read_text(errors="replace").strip(), variants)
+
+
+def _build(cc: str, sources: dict[str, bytes], folder: Path) -> None:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        work = Path(tmp)
+        for name, text in sources.items():
+            (work / name).write_bytes(text)
+        _compile(cc, work, work)
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        folder.mkdir(exist_ok=True)
+        (folder / "compiler.txt").write_text(f"{cc}: {version.splitlines()[0] if version else '?'}\n")
+        # the library last, as the entry's completion mark; another process may have finished first:
+        # replacing one complete file by another is atomic
+        os.replace(work / _LIB, folder / _LIB)

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
 from edge.devices.kquant import ISAS, isa_runs
-from edge.errors import DeviceError
+from edge.errors import BackendUnavailableError, DeviceError
 from edge.graph_opt import kquant_op
 from edge.models.gguf_file import open_gguf
 from tests import numpy_reference as ref
@@ -130,3 +130,27 @@ def test_where_the_kernels_do_not_apply(
     assert not _decoder(f32).kquant
     monkeypatch.setenv("EDGE_KQUANT", "off")
     assert not _decoder(path).kquant
+
+
+def test_without_a_compiler_the_graph_falls_back_and_says_so(
+    tiny: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No library built yet and no compiler: one note on stderr, then the lossless graph, which answers."""
+    from edge.devices.kquant import build, choose
+
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "fresh"))  # no library built here yet
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
+    build.kernel_library.cache_clear()
+    choose._say_once.cache_clear()
+    try:
+        dec = _decoder(tiny("qwen2", "Q4_K"))
+        assert not dec.kquant and dec.forward([5, 6, 7]).shape[0] == 3
+        assert "need a C compiler" in capsys.readouterr().err
+        with pytest.raises(BackendUnavailableError, match="C compiler"):
+            _decoder(tiny("qwen2", "Q4_K"), kquant=True)
+    finally:
+        build.kernel_library.cache_clear()
