@@ -154,3 +154,10 @@ def test_without_a_compiler_the_graph_falls_back_and_says_so(
             _decoder(tiny("qwen2", "Q4_K"), kquant=True)
     finally:
         build.kernel_library.cache_clear()
+
+
+def test_rows_stay_batch_invariant(tiny: Callable[[str, str], Path]) -> None:
+    """ORT at precision fast claims batch-invariant rows (greedy speculative decoding relies on it); the
+    kernels keep the claim, and the run of the graph that checks it here (devices/invariance.py) agrees."""
+    dec = _decoder(tiny("qwen2", "Q4_K_M-like"))
+    assert dec.kquant and dec.capabilities().batch_invariant

@@ -106,6 +106,19 @@ def test_simd_paths_agree_with_portable() -> None:
                 assert np.all(np.abs(matmul(x, w, t, isa=isa) - base) <= 1e-5 * scale)
 
 
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("isa", _isas())
+def test_a_row_gives_the_same_bits_alone_and_among_others(t: T, isa: str) -> None:
+    """Batch-invariant rows: greedy speculative decoding's guarantee rests on a row's product not depending
+    on how many rows share the call (one, a group of four, a remainder)."""
+    rng = np.random.default_rng(5)
+    w = _blocks(t, 9, 768, rng, scale=1e-2)
+    x = rng.standard_normal((7, 768)).astype(np.float32)
+    together = matmul(x, w, t, isa=isa)
+    for r in range(7):
+        np.testing.assert_array_equal(matmul(x[r : r + 1], w, t, isa=isa)[0], together[r])
+
+
 def test_shapes_it_does_not_take_are_refused() -> None:
     w = np.zeros((2, row_bytes(T.Q4_K, 256)), np.uint8)
     with pytest.raises(ValueError, match="take no type"):

@@ -178,17 +178,24 @@ static float dot_q6_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
 
 #include "kernels_simd.h"
 
-#if defined(__AVX512BW__)
-static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx512(w, y, nb, 0); }
-static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx512(w, y, nb, 1); }
-#define dot_q6_k dot_q6_k_avx512
-#elif defined(__AVX2__)
+/* NOTE: one row alone and the same row among others must give the same bits (batch-invariant rows, which
+ * greedy speculative decoding relies on): each type's single-row kernel and its rows-at-once kernel sum in
+ * the same order. AVX-512 takes Q6_K (faster there: 17 against 11 GB/s in cache, one core); its Q4_K/Q5_K
+ * were no faster than AVX2's, which also has the 4-row kernel, so the AVX-512 build keeps AVX2's for them. */
+#if defined(__AVX2__)
 static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx2(w, y, nb, 0); }
 static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx2(w, y, nb, 1); }
-#define dot_q6_k dot_q6_k_avx2
 #else
 #define dot_q4_k dot_q4_k_c
 #define dot_q5_k dot_q5_k_c
+#endif
+#if defined(__AVX512BW__)
+#define dot_q6_k dot_q6_k_avx512
+#define KQ_Q6_ROWS_TOGETHER 0
+#elif defined(__AVX2__)
+#define dot_q6_k dot_q6_k_avx2
+#define KQ_Q6_ROWS_TOGETHER 1
+#else
 #define dot_q6_k dot_q6_k_c
 #endif
 
@@ -199,7 +206,12 @@ static void dotn(int type, const uint8_t *w, const kq_block_q8 *const *ys, int n
 #define KQ_CASE(n)                                                                                         \
     case n * 16 + KQ_Q4_K: dotn_q45_k_avx2(w, ys, n, nb, 0, out); return;                                   \
     case n * 16 + KQ_Q5_K: dotn_q45_k_avx2(w, ys, n, nb, 1, out); return;                                   \
-    case n * 16 + KQ_Q6_K: dotn_q6_k_avx2(w, ys, n, nb, out); return;
+    case n * 16 + KQ_Q6_K:                                                                                  \
+        if (KQ_Q6_ROWS_TOGETHER) {                                                                          \
+            dotn_q6_k_avx2(w, ys, n, nb, out);                                                              \
+            return;                                                                                         \
+        }                                                                                                   \
+        break;
         KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
 #undef KQ_CASE
     default: break;

@@ -1,5 +1,5 @@
 /* The SIMD dot products (included by kernels.c, which defines the scalar ones and the helpers): AVX2 with
- * 256-bit registers; AVX-512 (BW) with two sub-blocks a register. Both decode the K-quant scales and mins
+ * 256-bit registers; AVX-512 (BW) Q6_K with two groups' codes a register. Both decode the K-quant scales and mins
  * with word operations and fold the mins' and offsets' terms with one multiply-add a block. */
 #if defined(__AVX2__)
 
@@ -200,43 +200,6 @@ static float dot_q6_k_avx2(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
 /* 64 unsigned codes times 64 int8 activations, in pairs, times a 16-bit scale per lane: 16 int32 */
 static inline __m512i dot64(__m512i q, const int8_t *y, __m512i scale16) {
     return _mm512_madd_epi16(_mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)y)), scale16);
-}
-
-static inline float dot_q45_k_avx512(const uint8_t *w, const kq_block_q8 *y, int64_t nb, int q5) {
-    const int bytes = q5 ? 176 : 144;
-    const __m512i m4 = _mm512_set1_epi8(0xf), one = _mm512_set1_epi8(1);
-    /* the low nibbles (sub-block 2j) in the lower 256 bits, the high ones (2j + 1) in the upper */
-    const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += bytes) {
-        const float d = y[b].d * _cvtsh_ss((uint16_t)(w[0] | (w[1] << 8)));
-        const float dmin = y[b].d * _cvtsh_ss((uint16_t)(w[2] | (w[3] << 8)));
-        const __m128i sm = scales_mins_simd(w + 4);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_simd(sm, y[b].bsums)), accm);
-        const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
-        const uint8_t *qs = w + (q5 ? 48 : 16);
-        const __m512i h = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 16)))
-                             : _mm512_setzero_si512();
-        __m512i isum = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
-            const __m512i q2 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
-            __m512i q = _mm512_and_si512(_mm512_srlv_epi16(q2, nibble_shift), m4);
-            if (q5) { /* bit 2j of qh for the low nibbles, 2j + 1 for the high */
-                const __m512i shift = _mm512_add_epi16(_mm512_set1_epi16((short)(2 * j)),
-                                                       _mm512_srli_epi16(nibble_shift, 2));
-                q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift), one), 4));
-            }
-            /* scale 2j in the lower half's lanes, 2j + 1 in the upper: bytes 4j.. and 4j + 2.. of a lane */
-            const __m512i pick = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(0x0100 + 0x0404 * j))),
-                                                    _mm256_set1_epi16((short)(0x0302 + 0x0404 * j)), 1);
-            isum = _mm512_add_epi32(isum, dot64(q, y[b].qs + 64 * j, _mm512_shuffle_epi8(sc, pick)));
-        }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
-    }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
 
 static float dot_q6_k_avx512(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
