@@ -64,11 +64,11 @@ class Handlers:
         self.drain = core.drain
         self.started = time.time()
 
-    async def _prepare_chat(self, body: bytes) -> Prepared:
+    def _chat_request(self, body: bytes) -> CoreRequest:
         req = p.ChatCompletionRequest.model_validate_json(body)
         req.check()
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        core = CoreRequest(
+        return CoreRequest(
             req.model,
             messages=req.chat_messages(),
             tools=req.tools,
@@ -80,12 +80,11 @@ class Handlers:
             stream=req.stream,
             include_usage=req.include_usage,
         )
-        return await self.core.prepare(core)
 
-    async def _prepare_completion(self, body: bytes) -> Prepared:
+    def _completion_request(self, body: bytes) -> CoreRequest:
         req = p.CompletionRequest.model_validate_json(body)
         req.check()
-        core = CoreRequest(
+        return CoreRequest(
             req.model,
             prompt=req.text(),
             options=req.sampling(),
@@ -94,7 +93,6 @@ class Handlers:
             stream=req.stream,
             include_usage=req.include_usage,
         )
-        return await self.core.prepare(core)
 
     # -- endpoints -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -116,8 +114,9 @@ class Handlers:
         try:
             self.core.check_open()
             body = await request.body()  # the Guard raises BodyTooLarge past the limit
-            prep = await (self._prepare_chat(body) if chat else self._prepare_completion(body))
-            job = self.core.submit(prep)
+            prep, job = await self.core.start(
+                self._chat_request(body) if chat else self._completion_request(body)
+            )
         except Exception as exc:
             return error_response(exc)
         rid = p.new_id("chatcmpl" if chat else "cmpl")
@@ -221,6 +220,13 @@ def _usage(result: Result) -> p.Usage:
     )
 
 
+async def _reap(registry: Registry, every_s: float = 0.5) -> None:
+    """Unload the models idle past their keep-alive, for the server's life."""
+    while True:
+        await asyncio.sleep(every_s)
+        await run_in_threadpool(registry.reap)
+
+
 # -- the app ---------------------------------------------------------------------------------------
 def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
     """The ASGI app for a started `registry` (its models loaded), stopped by `drain`; the app closes the
@@ -231,8 +237,10 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         draining = asyncio.create_task(drain.run())
+        reaping = asyncio.create_task(_reap(registry))
         yield
         draining.cancel()  # done unless uvicorn was stopped some other way
+        reaping.cancel()
         await run_in_threadpool(registry.close)  # cancels what still runs, frees the models
 
     routes = [

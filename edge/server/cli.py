@@ -63,12 +63,18 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, the time requests in flight get to finish (default 5)",
     )
+    srv.add_argument(
+        "--keep-alive",
+        default="-1",
+        metavar="DURATION",
+        help="unload a model idle this long (5m, 1h, 0; default -1: keep it loaded); it loads again on demand",
+    )
     add_load_args(srv, phases=True)
     srv.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from edge.server.config import Limits
+    from edge.server.config import Limits, parse_duration
     from edge.server.runner import serve
 
     serve(
@@ -82,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         limits=Limits(max_tokens=args.max_tokens, queue_size=args.queue),
         grace_s=args.grace,
+        keep_alive_s=parse_duration(args.keep_alive),
         **load_kwargs(args),
     )
     return 0

@@ -307,9 +307,17 @@ class Core:
         return job
 
     async def start(self, req: CoreRequest) -> tuple[Prepared, Job]:
-        self.check_open()
-        prep = await self.prepare(req)
-        return prep, self.submit(prep)
+        """The request prepared and queued on its model."""
+        for attempt in (0, 1):
+            self.check_open()
+            prep = await self.prepare(req)
+            try:
+                return prep, self.submit(prep)
+            except ServerStopping:
+                if self.drain.stopping or attempt:
+                    raise
+                # NOTE: its model was unloaded (keep-alive) between preparing and queueing: load it again
+        raise AssertionError("unreachable")
 
     async def answer(self, prep: Prepared, job: Job, request: Request) -> Outcome:
         """The whole answer, its tool calls split out; ClientGone if the client left first."""

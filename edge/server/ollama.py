@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import edge
 from edge.server import ollama_models as om
+from edge.server.config import parse_duration
 from edge.server.core import ClientGone, Core, CoreRequest, Outcome, Prepared, classify
 from edge.server.scheduler import Failed, Job
 from edge.server.unsupported import UnsupportedValue
@@ -47,7 +48,6 @@ LOAD_OPTIONS = frozenset(
     }
 )
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed"}
-_DURATION = re.compile(r"^-?\d+(\.\d+)?(ns|us|µs|ms|s|m|h)?$")
 
 
 class _Request(BaseModel):
@@ -78,10 +78,16 @@ class _Generation(_Request):
     def check(self) -> None:
         if self.think not in (None, False):
             raise UnsupportedValue("think", "this server's models do not think: leave think unset or false")
-        if self.keep_alive is not None and not _DURATION.match(str(self.keep_alive).strip()):
-            raise UnsupportedValue(
-                "keep_alive", f"keep_alive {self.keep_alive!r} is not a duration (5m, 0, -1)"
-            )
+        self.keep()  # an invalid duration is a 400
+
+    def keep(self) -> tuple[bool, float | None]:
+        """Whether keep_alive was given, and its seconds (None: for ever)."""
+        if self.keep_alive is None:
+            return False, None
+        try:
+            return True, parse_duration(self.keep_alive)
+        except ValueError as exc:
+            raise UnsupportedValue("keep_alive", str(exc)) from None
 
     def core_options(self) -> tuple[dict[str, Any], int | None]:
         """GenerateOptions fields and the token budget (num_predict; -1 or -2: as much as fits)."""
@@ -173,7 +179,16 @@ def error(exc: BaseException) -> JSONResponse:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    return _iso(time.time())
+
+
+def _iso(when: float) -> str:
+    return dt.datetime.fromtimestamp(when, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _expires(when: float | None) -> str:
+    """When a model unloads; one kept loaded (keep_alive -1) far in the future, as Ollama says it."""
+    return "2318-01-01T00:00:00Z" if when is None else _iso(when)
 
 
 def _call(call: ToolCall) -> dict[str, Any]:
@@ -223,7 +238,7 @@ class OllamaAPI:
         out = []
         for name, sched in self.registry.loaded().items():
             entry = om.summary(name, self.registry)
-            entry.update(expires_at="9999-12-31T23:59:59Z", size_vram=0)  # loaded models stay until stopped
+            entry.update(expires_at=_expires(self.registry.expires(name)), size_vram=0)
             entry["context_length"] = sched.replicas[0].decoder.n_ctx
             out.append(entry)
         return JSONResponse({"models": out})
@@ -262,7 +277,7 @@ class OllamaAPI:
 
     # -- generation ------------------------------------------------------------------------------
     async def chat(self, request: Request) -> Response:
-        async def parse(body: bytes) -> tuple[CoreRequest, bool]:
+        async def parse(body: bytes) -> tuple[CoreRequest, _Generation]:
             req = ChatRequest.model_validate_json(body)
             req.check()
             opts, budget = req.core_options()
@@ -271,40 +286,47 @@ class OllamaAPI:
                 name, messages=req.chat_messages(), tools=req.tools or None, options=opts, max_tokens=budget,
                 max_tokens_param="options.num_predict", stream=req.stream,
             )  # fmt: skip
-            return core, not req.messages
+            return core, req
 
         return await self._generate(request, parse, chat=True)
 
     async def generate(self, request: Request) -> Response:
-        async def parse(body: bytes) -> tuple[CoreRequest, bool]:
+        async def parse(body: bytes) -> tuple[CoreRequest, _Generation]:
             req = GenerateRequest.model_validate_json(body)
             req.check()
             opts, budget = req.core_options()
             name = om.resolve(req.model, self.registry)
             common: dict[str, Any] = {"options": opts, "max_tokens": budget, "stream": req.stream}
             common["max_tokens_param"] = "options.num_predict"
-            if req.raw:
-                return CoreRequest(name, prompt=req.prompt, prompt_param="prompt", **common), False
+            raw = CoreRequest(name, prompt=req.prompt, prompt_param="prompt", **common)
+            if req.raw or not req.prompt:
+                return raw, req
             sched = await self.core.scheduler(name)
             if not sched.replicas[0].has_chat_template:  # a base model: the prompt as it is
-                return CoreRequest(name, prompt=req.prompt, prompt_param="prompt", **common), not req.prompt
+                return raw, req
             turns = ([{"role": "system", "content": req.system}] if req.system else []) + [
                 {"role": "user", "content": req.prompt}
             ]
-            return CoreRequest(name, messages=turns, prompt_param="prompt", **common), not req.prompt
+            return CoreRequest(name, messages=turns, prompt_param="prompt", **common), req
 
         return await self._generate(request, parse, chat=False)
 
     async def _generate(
-        self, request: Request, parse: Callable[[bytes], Awaitable[tuple[CoreRequest, bool]]], *, chat: bool
+        self,
+        request: Request,
+        parse: Callable[[bytes], Awaitable[tuple[CoreRequest, _Generation]]],
+        *,
+        chat: bool,
     ) -> Response:
         started = time.monotonic_ns()
         try:
             self.core.check_open()
-            core, load_only = await parse(await request.body())
-            if load_only:  # Ollama's way to load a model: no messages, no prompt
-                await self.core.scheduler(core.model)
-                return JSONResponse(_loaded(core.model, chat))
+            core, req = await parse(await request.body())
+            given, keep = req.keep()
+            if given:
+                self.registry.keep_alive(core.model, keep)
+            if not (core.messages or core.prompt):  # Ollama's way to load (or, keep_alive 0, unload) a model
+                return await self._load(core.model, chat, keep if given else None)
             prep, job = await self.core.start(core)
         except Exception as exc:
             return error(exc)
@@ -328,6 +350,13 @@ class OllamaAPI:
         else:
             body["response"] = out.text
         return JSONResponse({**body, "created_at": _now()})
+
+    async def _load(self, name: str, chat: bool, keep: float | None) -> Response:
+        if keep == 0:
+            unloaded = await run_in_threadpool(self.registry.unload, name)
+            return JSONResponse(_loaded(name, chat, "unload" if unloaded else "load"))
+        await self.core.scheduler(name)
+        return JSONResponse(_loaded(name, chat, "load"))
 
     async def _lines(
         self, prep: Prepared, job: Job, model: str, chat: bool, started: int
@@ -355,12 +384,12 @@ class OllamaAPI:
                 yield _line({**head, "response": item})
 
 
-def _loaded(name: str, chat: bool) -> dict[str, Any]:
+def _loaded(name: str, chat: bool, reason: str) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": om.ollama_name(name),
         "created_at": _now(),
         "done": True,
-        "done_reason": "load",
+        "done_reason": reason,
     }
     if chat:
         body["message"] = {"role": "assistant", "content": ""}

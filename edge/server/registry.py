@@ -64,6 +64,7 @@ class Registry:
         self._lock = threading.Lock()  # one load at a time
         self._loaded: dict[str, Scheduler] = {}
         self._known: dict[str, _Known] = {}
+        self._keep: dict[str, float | None] = {}  # a request's own keep-alive per model (seconds; None: ever)
         self.created = int(time.time())
 
     # -- names -----------------------------------------------------------------------------------
@@ -199,10 +200,48 @@ class Registry:
                 return sched
             if len(self._loaded) >= self.config.models_max:
                 self._evict()
-            sched = self._load(name)
+            known = self._known.get(name)
+            sched = self._load(name if known is None else known.ref)  # one named at start: its own ref
             self._known.setdefault(name, _Known(name, pinned=False))
             self._loaded[name] = sched
             return sched
+
+    # -- keep-alive ------------------------------------------------------------------------------
+    def keep_alive(self, name: str, seconds: float | None) -> None:
+        """How long model `name` stays loaded after its last request, from now on (Ollama's keep_alive)."""
+        self._keep[name] = seconds
+
+    def keep_of(self, name: str) -> float | None:
+        return self._keep.get(name, self.config.keep_alive_s)
+
+    def expires(self, name: str) -> float | None:
+        """When model `name` unloads if nothing uses it (time.time()), None: it stays."""
+        sched, keep = self._loaded.get(name), self.keep_of(name)
+        if sched is None or keep is None:
+            return None
+        return time.time() + max(0.0, sched.last_used + keep - time.monotonic())
+
+    def reap(self) -> list[str]:
+        """Unload each idle model past its keep-alive (the next request for it loads it again)."""
+        gone = []
+        with self._lock:
+            for name, sched in list(self._loaded.items()):
+                keep = self.keep_of(name)
+                if keep is not None and not sched.busy and time.monotonic() - sched.last_used >= keep:
+                    log.info("unloading model %s: idle for its keep-alive (%g s)", name, keep)
+                    self._loaded.pop(name).close()
+                    gone.append(name)
+        return gone
+
+    def unload(self, name: str) -> bool:
+        """Unload model `name` now unless it is serving requests; False when it was not loaded or is busy."""
+        with self._lock:
+            sched = self._loaded.get(name)
+            if sched is None or sched.busy:
+                return False
+            log.info("unloading model %s on request", name)
+            self._loaded.pop(name).close()
+            return True
 
     def _evict(self) -> None:
         idle = [(s.last_used, n) for n, s in self._loaded.items() if not self._known[n].pinned and not s.busy]
