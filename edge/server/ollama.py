@@ -323,11 +323,11 @@ class OllamaAPI:
             self.core.check_open()
             core, req = await parse(await request.body())
             given, keep = req.keep()
-            if given:
-                self.registry.keep_alive(core.model, keep)
             if not (core.messages or core.prompt):  # Ollama's way to load (or, keep_alive 0, unload) a model
-                return await self._load(core.model, chat, keep if given else None)
+                return await self._load(core.model, chat, given, keep)
             prep, job = await self.core.start(core)
+            if given:  # the request's own keep-alive, from its model's next idle moment
+                self.registry.keep_alive(core.model, keep)
         except Exception as exc:
             return error(exc)
         model = om.ollama_name(core.model)
@@ -351,11 +351,13 @@ class OllamaAPI:
             body["response"] = out.text
         return JSONResponse({**body, "created_at": _now()})
 
-    async def _load(self, name: str, chat: bool, keep: float | None) -> Response:
-        if keep == 0:
+    async def _load(self, name: str, chat: bool, given: bool, keep: float | None) -> Response:
+        if given and keep == 0:
             unloaded = await run_in_threadpool(self.registry.unload, name)
             return JSONResponse(_loaded(name, chat, "unload" if unloaded else "load"))
         await self.core.scheduler(name)
+        if given:
+            self.registry.keep_alive(name, keep)
         return JSONResponse(_loaded(name, chat, "load"))
 
     async def _lines(

@@ -9,6 +9,7 @@ import json
 import httpx
 import jsonschema
 import ollama
+import psutil
 import pytest
 
 from edge.server import Server
@@ -106,3 +107,15 @@ def test_errors_in_ollama_shape(protocol_server: Server, client: ollama.Client) 
     )
     assert r.status_code == 400 and "mirostat" in r.json()["error"]
     assert httpx.get(protocol_server.url + "/api/version").json()["version"]
+
+
+def test_keep_alive_zero_gives_the_memory_back_and_reloads(client: ollama.Client) -> None:
+    from edge.models.catalog import CATALOG
+
+    rss = psutil.Process().memory_info().rss  # the server runs in this process
+    client.generate(MODEL, keep_alive=0)  # Ollama's unload: no prompt, keep_alive 0
+    assert client.ps().models == []
+    freed = rss - psutil.Process().memory_info().rss
+    assert freed > 0.8 * CATALOG[MODEL].size, f"{freed / 2**20:.0f} MiB freed"
+    again = client.generate(MODEL, prompt="Hi", options={"num_predict": 2})  # loads it again
+    assert again.done and [m.model for m in client.ps().models] == [f"{MODEL}:latest"]
