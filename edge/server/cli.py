@@ -65,7 +65,8 @@ def add_parser(sub: Any) -> None:
     )
     srv.add_argument(
         "--keep-alive",
-        default="-1",
+        type=_duration,
+        default=None,
         metavar="DURATION",
         help="unload a model idle this long (5m, 1h, 0; default -1: keep it loaded); it loads again on demand",
     )
@@ -73,8 +74,17 @@ def add_parser(sub: Any) -> None:
     srv.set_defaults(func=cmd_serve)
 
 
+def _duration(text: str) -> float | None:
+    from edge.server.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from edge.server.config import Limits, parse_duration
+    from edge.server.config import Limits
     from edge.server.runner import serve
 
     serve(
@@ -88,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         limits=Limits(max_tokens=args.max_tokens, queue_size=args.queue),
         grace_s=args.grace,
-        keep_alive_s=parse_duration(args.keep_alive),
+        keep_alive_s=args.keep_alive,
         **load_kwargs(args),
     )
     return 0

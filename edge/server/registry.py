@@ -3,6 +3,8 @@
 A request names a model by its id: one of the models named at start (a catalog name, or a file's name for a
 path given on the command line) or, with `--models-max` above their count, a catalog model already pulled into
 the cache. A request never reaches the file system with a name of its own: anything else is unknown (404).
+A model idle past its keep-alive (the server's `--keep-alive`, or a request's own) is unloaded, and loaded
+again by its next request.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def load_model(ref: str, settings: LoadSettings, n_threads: int | None, parallel
 @dataclass(frozen=True)
 class _Known:
     ref: str  # what edge.load gets: a catalog name, or the path named at start
-    pinned: bool  # named at start: never unloaded
+    pinned: bool  # named at start: never evicted to make room (a keep-alive may still unload it)
 
 
 class Registry:

@@ -179,7 +179,14 @@ def _new(prefix: str) -> str:
 def _message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict[str, Any]:
     part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
     return {"type": "message", "id": item_id or _new("msg"), "status": status, "role": "assistant",
-            "content": [part] if status == "completed" else []}  # fmt: skip
+            "content": [] if status == "in_progress" else [part]}  # fmt: skip
+
+
+def _cut(item: Outcome | ToolCall) -> bool:
+    """An answer cut short by its token budget (or the server's stop): Responses calls it incomplete."""
+    return (
+        isinstance(item, Outcome) and item.stop_reason in ("length", "context", "shutdown") and not item.calls
+    )
 
 
 def _call_item(call: ToolCall, item_id: str | None = None, status: str = "completed") -> dict[str, Any]:
@@ -204,7 +211,7 @@ class ResponsesAPI:
         }  # fmt: skip
 
     def _done(self, shell: dict[str, Any], out: Outcome, output: list[dict[str, Any]]) -> dict[str, Any]:
-        cut = out.stop_reason in ("length", "context", "shutdown") and not out.calls
+        cut = _cut(out)
         usage = {
             "input_tokens": out.prompt_tokens,
             "input_tokens_details": {"cached_tokens": out.result.stats.n_cached_tokens},
@@ -236,7 +243,8 @@ class ResponsesAPI:
             return Response(status_code=499)
         except Exception as exc:
             return error(exc)
-        output = [_message_item(out.text)] if out.text or not out.calls else []
+        status = "incomplete" if _cut(out) else "completed"
+        output = [_message_item(out.text, status)] if out.text or not out.calls else []
         output += [_call_item(c) for c in out.calls]
         return JSONResponse(self._done(self._shell(rid, req, "completed"), out, output))
 
@@ -256,11 +264,11 @@ class _Events:
         self.seq += 1
         return {"event": kind, "data": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}
 
-    def close_text(self) -> list[dict[str, str]]:
+    def close_text(self, status: str = "completed") -> list[dict[str, str]]:
         if self.text_id is None:
             return []
         i, tid = len(self.output), self.text_id
-        item = _message_item(self.text, item_id=tid)
+        item = _message_item(self.text, status, tid)
         part = item["content"][0]
         self.output.append(item)
         self.text_id = None
@@ -283,7 +291,7 @@ class _Events:
                 for ev in self.text_piece(item):
                     yield ev
                 continue
-            for ev in self.close_text():
+            for ev in self.close_text("incomplete" if _cut(item) else "completed"):
                 yield ev
             if isinstance(item, ToolCall):
                 for ev in self.call(item):

@@ -45,7 +45,7 @@ def test_tool_choice_tool_and_any(client: anthropic.Anthropic) -> None:
     for choice, allowed in (({"type": "tool", "name": "get_time"}, {"get_time"}),
                             ({"type": "any"}, {"get_weather", "get_time"})):  # fmt: skip
         for _ in range(2):  # sampled at T=1: the mask keeps every call valid
-            msg = client.messages.create(model=MODEL, max_tokens=80, messages=ASK, tools=TOOLS,  # type: ignore[arg-type]
+            msg = client.messages.create(model=MODEL, max_tokens=60, messages=ASK, tools=TOOLS,  # type: ignore[arg-type]
                                          tool_choice=choice)  # type: ignore[arg-type]  # fmt: skip
             uses = [b for b in msg.content if b.type == "tool_use"]
             assert uses and msg.stop_reason == "tool_use", msg
@@ -55,7 +55,7 @@ def test_tool_choice_tool_and_any(client: anthropic.Anthropic) -> None:
 
 
 def test_tool_round_trip_streamed(client: anthropic.Anthropic) -> None:
-    with client.messages.stream(model=MODEL, max_tokens=80, messages=ASK, tools=TOOLS,  # type: ignore[arg-type]
+    with client.messages.stream(model=MODEL, max_tokens=60, messages=ASK, tools=TOOLS,  # type: ignore[arg-type]
                                 tool_choice={"type": "tool", "name": "get_weather"}) as stream:  # fmt: skip
         first = stream.get_final_message()
     use = next(b for b in first.content if b.type == "tool_use")
@@ -68,7 +68,7 @@ def test_tool_round_trip_streamed(client: anthropic.Anthropic) -> None:
             "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "21 degrees, sunny"}],
         },
     ]
-    answer = client.messages.create(model=MODEL, max_tokens=40, messages=history, tools=TOOLS,  # type: ignore[arg-type]
+    answer = client.messages.create(model=MODEL, max_tokens=16, messages=history, tools=TOOLS,  # type: ignore[arg-type]
                                     tool_choice={"type": "none"}, extra_body={"temperature": 0.0})  # fmt: skip
     assert answer.content[0].type == "text" and answer.content[0].text
     assert answer.stop_reason in ("end_turn", "max_tokens")
