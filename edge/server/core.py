@@ -50,6 +50,8 @@ __all__ = [
     "Prepared",
     "Problem",
     "classify",
+    "extra_stats",
+    "wait_or_gone",
 ]
 
 
