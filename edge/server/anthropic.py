@@ -27,8 +27,15 @@ from edge.tools import ToolCall
 __all__ = ["routes"]
 
 # classify's kinds and statuses as Anthropic's error types
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 class _Request(BaseModel):
@@ -203,10 +210,10 @@ def error(exc: BaseException) -> JSONResponse:
 def _stop(out: Outcome, stops: list[str] | None) -> tuple[str, str | None]:
     """Anthropic's stop_reason and stop_sequence (the one asked for, when only one was: which of several
     matched is not recorded)."""
+    if out.stop_reason in ("length", "context", "shutdown"):  # cut: a further call may have been cut off
+        return "max_tokens", None
     if out.calls:
         return "tool_use", None
-    if out.stop_reason in ("length", "context", "shutdown"):
-        return "max_tokens", None
     if out.stop_reason == "stop":
         return "stop_sequence", stops[0] if stops and len(stops) == 1 else None
     return "end_turn", None

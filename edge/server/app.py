@@ -1,6 +1,6 @@
-"""The Starlette app: OpenAI's chat completions and completions, one handler per endpoint, errors in OpenAI's
-error shape; the other protocols (responses.py, anthropic.py, ollama.py) add their routes over the same request
-core (core.py).
+"""The Starlette app: OpenAI's chat completions and completions, one handler per endpoint, errors in
+OpenAI's error shape; the other protocols (responses.py, anthropic.py, ollama.py) add their routes over the
+same request core (core.py).
 
 Handlers validate and bound the request, render the prompt off the event loop, hand a `Job` to the model's
 scheduler and stream its pieces back (SSE via sse-starlette) or wait for its result. A client that goes away

@@ -68,7 +68,7 @@ def add_parser(sub: Any) -> None:
         type=_duration,
         default=None,
         metavar="DURATION",
-        help="unload a model idle this long (5m, 1h, 0; default -1: keep it loaded); it loads again on demand",
+        help="unload a model idle this long (5m, 1h, 0; default -1: keep it); it loads again on demand",
     )
     add_load_args(srv, phases=True)
     srv.set_defaults(func=cmd_serve)

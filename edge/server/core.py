@@ -3,10 +3,10 @@
 A protocol (OpenAI's chat completions, Ollama's /api, Anthropic's Messages, OpenAI's Responses) translates its
 request into a `CoreRequest` (messages or a raw prompt, OpenAI-shaped tools and tool_choice, GenerateOptions
 fields, a token budget, stream or not) and translates back what comes out. Everything the core does holds for
-all of them: the prompt rendered and bounded, the grammar for a tool_choice or a schema checked before a job is
-queued (the mask's guarantee), batching through the model's scheduler, cancellation when the client goes away,
-the drain's 503 and cut. `classify` says which HTTP status and kind an exception is; each protocol writes it in
-its own error shape.
+all of them: the prompt rendered and bounded, the grammar for a tool_choice or a schema checked before a job
+is queued (the mask's guarantee), batching through the model's scheduler, cancellation when the client goes
+away, the drain's 503 and cut. `classify` says which HTTP status and kind an exception is; each protocol
+writes it in its own error shape.
 """
 
 from __future__ import annotations

@@ -270,8 +270,8 @@ class OllamaAPI:
     async def refuse(self, request: Request) -> Response:
         what = request.url.path.rsplit("/", 1)[-1]
         return JSONResponse(
-            {"error": f"/api/{what} is not supported: edge serves catalog models and the files it was started "
-                      "with (`edge pull NAME` adds a catalog model)"},
+            {"error": f"/api/{what} is not supported: edge serves catalog models and the files it was "
+                      "started with (`edge pull NAME` adds a catalog model)"},
             400,
         )  # fmt: skip
 

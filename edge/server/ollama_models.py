@@ -24,7 +24,7 @@ def ollama_name(name: str) -> str:
 
 
 def resolve(name: str, registry: Registry) -> str:
-    """A request's Ollama-style name as the registry's (`qwen2.5-coder-0.5b:latest` -> `qwen2.5-coder-0.5b`)."""
+    """A request's Ollama-style name as the registry's (`qwen2.5-coder-0.5b:latest`: `qwen2.5-coder-0.5b`)."""
     if not name:
         raise ModelNotFoundError("model is required", hint="GET /api/tags lists the models served here")
     base, sep, tag = name.rpartition(":")
@@ -96,7 +96,7 @@ def _modified(path: Path | None) -> str:
 
 
 def summary(name: str, registry: Registry) -> dict[str, Any]:
-    """One model as `/api/tags` lists it: a loaded one from its file, a pulled catalog one from the catalog."""
+    """One model as `/api/tags` lists it: a loaded one from its file, a pulled one from the catalog."""
     from edge.models.catalog import CATALOG
     from edge.models.store import model_path
 

@@ -54,8 +54,9 @@ class ResponsesRequest(_Request):
         if self.previous_response_id is not None or self.conversation is not None:
             name = "previous_response_id" if self.previous_response_id is not None else "conversation"
             raise UnsupportedValue(
-                name, f"{name} is not supported: this server stores no responses; send the whole conversation "
-                "as input items",
+                name,
+                f"{name} is not supported: this server stores no responses; "
+                "send the whole conversation as input items",
             )  # fmt: skip
         if self.background:
             raise UnsupportedValue("background", "background responses are not supported")
@@ -101,8 +102,8 @@ def _item(item: dict[str, Any], where: str, out: list[dict[str, Any]]) -> None:
             raise UnsupportedValue(f"{where}.role", f"role {role!r} is not supported")
         out.append({"role": "system" if role == "developer" else role, "content": _content(item, where)})
     elif kind == "function_call":
-        call = {"id": item.get("call_id"), "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}  # fmt: skip
+        fn = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
+        call = {"id": item.get("call_id"), "type": "function", "function": fn}
         last = out[-1] if out else None
         if (
             last is not None and last["role"] == "assistant" and not last["content"]

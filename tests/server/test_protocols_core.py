@@ -1,7 +1,8 @@
-"""What the request core gives every protocol layer, on the tiny model: a client that leaves an Ollama, Anthropic
-or Responses stream cancels its generation within one decode step, stopping the server ends a running one in
-that protocol's "cut short" words, the API key is checked (Anthropic's x-api-key too), and Ollama's tags
-resolve or are refused in Ollama's error shape."""
+"""What the request core gives every protocol layer, on the tiny model: a client that leaves an Ollama,
+Anthropic or Responses stream cancels its generation within one decode step, stopping the server ends a
+running one in that protocol's "cut short" words, the API key is checked (Anthropic's x-api-key too),
+Ollama's tags resolve or are refused in Ollama's error shape, and keep_alive unloads a model that loads
+again on demand."""
 
 from __future__ import annotations
 
@@ -22,13 +23,19 @@ from tests.server.test_concurrency import LONG_LIMITS, last_record, scheduler, w
 HI = [{"role": "user", "content": "w1"}]
 # each protocol's endpoint and a long greedy streamed request on the tiny model
 LONG: dict[str, tuple[str, dict[str, Any]]] = {
-    "ollama": ("/api/chat", {"model": "tiny.gguf:latest", "messages": HI,
-                             "options": {"num_predict": 30_000, "temperature": 0}}),
-    "anthropic": ("/v1/messages", {"model": "tiny.gguf", "messages": HI, "max_tokens": 30_000,
-                                   "temperature": 0, "stream": True}),
-    "responses": ("/v1/responses", {"model": "tiny.gguf", "input": "w1", "max_output_tokens": 30_000,
-                                    "temperature": 0, "stream": True}),
-}  # fmt: skip
+    "ollama": (
+        "/api/chat",
+        {"model": "tiny.gguf:latest", "messages": HI, "options": {"num_predict": 30_000, "temperature": 0}},
+    ),
+    "anthropic": (
+        "/v1/messages",
+        {"model": "tiny.gguf", "messages": HI, "max_tokens": 30_000, "temperature": 0, "stream": True},
+    ),
+    "responses": (
+        "/v1/responses",
+        {"model": "tiny.gguf", "input": "w1", "max_output_tokens": 30_000, "temperature": 0, "stream": True},
+    ),
+}
 
 
 TOKEN = {

@@ -60,8 +60,12 @@ def test_chat_streamed_matches_unstreamed(client: ollama.Client) -> None:
 
 
 def test_generate_with_system_and_stop(client: ollama.Client) -> None:
-    out = client.generate(MODEL, prompt="Count from 1 to 9, one per line.", system="You are terse.",
-                          options={"temperature": 0, "num_predict": 24, "stop": ["5"]})  # fmt: skip
+    out = client.generate(
+        MODEL,
+        prompt="Count from 1 to 9, one per line.",
+        system="You are terse.",
+        options={"temperature": 0, "num_predict": 24, "stop": ["5"]},
+    )
     assert out.done and out.response and "5" not in out.response and "4" in out.response
     raw = client.generate(MODEL, prompt="def add(a, b):\n    return", raw=True, options={"num_predict": 8})
     assert raw.done and raw.eval_count is not None and 0 < raw.eval_count <= 8
@@ -74,8 +78,16 @@ def test_format_schema_is_kept(client: ollama.Client) -> None:
 
 
 def test_tools(client: ollama.Client) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
-                                                "parameters": WEATHER}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather in a city",
+                "parameters": WEATHER,
+            },
+        }
+    ]
     messages = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
     out = client.chat(MODEL, messages=messages, tools=tools, options={"temperature": 0})
     calls = out.message.tool_calls or []

@@ -38,13 +38,18 @@ def client(protocol_server: Server) -> openai.OpenAI:
 
 
 def test_create_and_stream_agree(client: openai.OpenAI) -> None:
-    kwargs = {"model": MODEL, "input": "What is the capital of France?", "instructions": "Answer in one sentence.",
-              "max_output_tokens": 24, "temperature": 0.0}  # fmt: skip
-    resp = client.responses.create(**kwargs)  # type: ignore[call-overload]
+    kwargs = {
+        "model": MODEL,
+        "input": "What is the capital of France?",
+        "instructions": "Answer in one sentence.",
+        "max_output_tokens": 24,
+        "temperature": 0.0,
+    }
+    resp = client.responses.create(**kwargs)
     assert resp.status in ("completed", "incomplete") and resp.output_text
     assert resp.usage is not None and resp.usage.output_tokens > 0
     kinds = []
-    with client.responses.stream(**kwargs) as stream:  # type: ignore[arg-type]
+    with client.responses.stream(**kwargs) as stream:
         for event in stream:
             kinds.append(event.type)
         final = stream.get_final_response()
@@ -56,26 +61,32 @@ def test_create_and_stream_agree(client: openai.OpenAI) -> None:
 def test_function_tools_required(client: openai.OpenAI) -> None:
     ask = "What is the weather in Paris?"
     # sampled at T=1: the mask keeps the call valid
-    resp = client.responses.create(model=MODEL, input=ask, tools=TOOLS, tool_choice="required")  # type: ignore[arg-type]
+    resp = client.responses.create(model=MODEL, input=ask, tools=TOOLS, tool_choice="required")
     calls = [o for o in resp.output if o.type == "function_call"]
     assert calls, resp.output
     schema = WEATHER if calls[0].name == "get_weather" else TIME
     jsonschema.validate(json.loads(calls[0].arguments), schema)
-    named = client.responses.create(model=MODEL, input=ask, tools=TOOLS,  # type: ignore[arg-type]
-                                    tool_choice={"type": "function", "name": "get_weather"})  # fmt: skip
+    named = client.responses.create(
+        model=MODEL, input=ask, tools=TOOLS, tool_choice={"type": "function", "name": "get_weather"}
+    )
     call = next(o for o in named.output if o.type == "function_call")
     assert call.name == "get_weather"
     # the round trip, stateless: the call and its output sent back as input items
-    items = [{"role": "user", "content": ask}, call.model_dump(exclude_none=True),
-             {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees, sunny"}]  # fmt: skip
-    answer = client.responses.create(model=MODEL, input=items, tools=TOOLS, tool_choice="none",  # type: ignore[arg-type]
-                                     max_output_tokens=40, temperature=0.0)  # fmt: skip
+    items = [
+        {"role": "user", "content": ask},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees, sunny"},
+    ]
+    answer = client.responses.create(
+        model=MODEL, input=items, tools=TOOLS, tool_choice="none", max_output_tokens=40, temperature=0.0
+    )
     assert answer.output_text
 
 
 def test_streamed_call_and_parse(client: openai.OpenAI) -> None:
-    with client.responses.stream(model=MODEL, input="Weather in Oslo?", tools=TOOLS,  # type: ignore[arg-type]
-                                 tool_choice="required") as stream:  # fmt: skip
+    with client.responses.stream(
+        model=MODEL, input="Weather in Oslo?", tools=TOOLS, tool_choice="required"
+    ) as stream:
         final = stream.get_final_response()
     calls = [o for o in final.output if o.type == "function_call"]
     assert calls and calls[0].name in ("get_weather", "get_time")
