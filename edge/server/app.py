@@ -1,4 +1,6 @@
-"""The Starlette app: one handler per endpoint, errors in OpenAI's error shape.
+"""The Starlette app: OpenAI's chat completions and completions, one handler per endpoint, errors in
+OpenAI's error shape; the other protocols (responses.py, anthropic.py, ollama.py) add their routes over the
+same request core (core.py).
 
 Handlers validate and bound the request, render the prompt off the event loop, hand a `Job` to the model's
 scheduler and stream its pieces back (SSE via sse-starlette) or wait for its result. A client that goes away
@@ -12,11 +14,9 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -25,214 +25,74 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.errors import (
-    ContextOverflowError,
-    EdgeError,
-    GrammarError,
-    ModelNotFoundError,
-    TemplateError,
-    ToolError,
-)
-from edge.generate import GenerationConfig
-from edge.grammar import check_grammar
-from edge.logprobs import TokenLogprob
-from edge.model import Model, Result, Stream
-from edge.options import GenerateOptions
+from edge.model import Result
+from edge.server import anthropic, ollama, responses
 from edge.server import logprobs as lp
 from edge.server import protocol as p
 from edge.server.config import ServerConfig
+from edge.server.core import (
+    ClientGone,
+    Core,
+    CoreRequest,
+    Prepared,
+    classify,
+    extra_stats,
+    wait_or_gone,
+)
 from edge.server.drain import Drain
-from edge.server.registry import ModelBusyError, Registry
-from edge.server.scheduler import Done, Failed, Job, QueueFull, Scheduler, ServerStopping
-from edge.server.security import BodyTooLarge, Guard
-from edge.tools import CallSplitter, ToolCall, ToolPlan
+from edge.server.registry import Registry
+from edge.server.scheduler import Failed, Job
+from edge.server.security import Guard
+from edge.tools import CallSplitter, ToolCall
 
 __all__ = ["create_app"]
-
-
-class ClientGone(Exception):
-    pass
 
 
 # -- errors ----------------------------------------------------------------------------------------
 def error_response(exc: BaseException) -> JSONResponse:
     """An exception as OpenAI's error object and the HTTP status that goes with it."""
-    headers: dict[str, str] = {}
-    param: str | None = None
-    code: str | None = None
-    if isinstance(exc, p.UnsupportedValue):
-        status, kind, param = 400, "invalid_request_error", exc.param
-    elif isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        status, kind, param = 400, "invalid_request_error", _loc(err.get("loc", ()))
-        exc = ValueError(
-            f"{param}: {err.get('msg', 'invalid value')}" if param else err.get("msg", "invalid")
-        )
-    elif isinstance(exc, BodyTooLarge):
-        status, kind, code = 413, "invalid_request_error", "request_too_large"
-        exc = ValueError("the request body is too large")
-    elif isinstance(exc, ModelNotFoundError):
-        status, kind, param, code = 404, "invalid_request_error", "model", "model_not_found"
-    elif isinstance(exc, QueueFull):
-        status, kind, code = 429, "rate_limit_error", "queue_full"
-        headers["Retry-After"] = str(exc.retry_after)
-    elif isinstance(exc, ModelBusyError):
-        status, kind, code = 503, "server_error", "models_busy"
-    elif isinstance(exc, GrammarError):
-        status, kind, param = 400, "invalid_request_error", "response_format"
-    elif isinstance(exc, ToolError):
-        status, kind, param = 400, "invalid_request_error", "tools"
-    elif isinstance(exc, ServerStopping):
-        status, kind, code = 503, "server_error", "server_shutting_down"
-        headers["Connection"] = "close"  # this connection has nothing more to serve
-    elif isinstance(exc, ContextOverflowError):
-        status, kind, param, code = 400, "invalid_request_error", "messages", "context_length_exceeded"
-    elif isinstance(exc, TemplateError):
-        status, kind, code = 500, "server_error", "template_error"
-    elif isinstance(exc, EdgeError):
-        status, kind = 500, "server_error"
-    elif isinstance(exc, (ValueError, TypeError)):
-        status, kind = 400, "invalid_request_error"
-    else:
-        status, kind = 500, "server_error"
-        exc = RuntimeError(f"internal error: {type(exc).__name__}")
-    return JSONResponse(p.error_body(str(exc), kind, param=param, code=code), status, headers=headers)
-
-
-def _loc(loc: tuple[Any, ...]) -> str | None:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not out:
-            out = str(part)
-        elif part not in ("str", "list[TextPart]", "list[str]"):  # pydantic's union branch names
-            out += f".{part}"
-    return out or None
-
-
-# -- the request, prepared -------------------------------------------------------------------------
-Runner = Callable[[Model, Callable[[], bool], Callable[[str], None]], Result]
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A validated request: its prompt ids, how to run it and what it asked for."""
-
-    model: str
-    sched: Scheduler
-    prompt_ids: list[int]
-    run: Runner
-    stream: bool
-    include_usage: bool
-    tools: ToolPlan | None = None
-
-    def splitter(self) -> CallSplitter | None:
-        """What reads the answer's tool calls out of its text (None: the request can make none)."""
-        return CallSplitter(self.tools) if self.tools is not None and self.tools.active else None
-
-
-def _render(sched: Scheduler, messages: list[dict[str, Any]], plan: ToolPlan | None) -> tuple[list[int], int]:
-    """A conversation's prompt ids and its system prompt span, rendered once, here, for every replica.
-    NOTE: one template renders at a time (its sandbox keeps one deadline per template)."""
-    model = sched.replicas[0]
-    with sched.render_lock:
-        span = model.system_span(messages if plan is None else plan.messages(messages))
-        return model.chat_ids(messages, plan), span
-
-
-def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runner:
-    """The job's body: generate from the prompt ids on the replica it is given (reusing its KV prefix)."""
-
-    def run(model: Model, cancel: Callable[[], bool], emit: Callable[[str], None]) -> Result:
-        entries: list[TokenLogprob] = []
-        pieces = model.stream_ids(ids, config, cancel=cancel, reuse=True, keep=keep, logprobs_into=entries)
-        stream = Stream(pieces)
-        with stream:
-            if config.logprobs is not None:
-                lp.relay(stream, entries, emit)
-            else:
-                for piece in stream:
-                    emit(piece)
-        assert stream.result is not None
-        return stream.result
-
-    return run
-
-
-def _config(sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None) -> GenerationConfig:
-    """The request's GenerationConfig; invalid options and a grammar the engine cannot enforce are a 400
-    before the job is queued (compiling a grammar takes milliseconds once the model's vocabulary is indexed)."""
-    config = GenerateOptions(**opts).config()
-    if plan is not None:
-        config = plan.constrain(config)
-    if config.grammar is not None:
-        model = sched.replicas[0]
-        check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)
-    return config
+    e = classify(exc)
+    return JSONResponse(
+        p.error_body(e.message, e.kind, param=e.param, code=e.code), e.status, headers=e.headers
+    )
 
 
 class Handlers:
-    def __init__(self, config: ServerConfig, registry: Registry, drain: Drain) -> None:
-        self.config = config
-        self.limits = config.limits
-        self.registry = registry
-        self.drain = drain
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.registry = core.registry
+        self.drain = core.drain
         self.started = time.time()
 
-    def _check_open(self) -> None:
-        if self.drain.stopping:
-            raise ServerStopping()
-
-    async def _body(self, request: Request) -> bytes:
-        return await request.body()  # the Guard raises BodyTooLarge past the limit
-
-    def _budget(self, asked: int | None, param: str, n_prompt: int, n_ctx: int) -> int:
-        if asked is not None and asked > self.limits.max_tokens:
-            raise p.UnsupportedValue(param, f"{param} is at most {self.limits.max_tokens} on this server")
-        room = max(1, n_ctx - n_prompt)
-        return asked if asked is not None else min(self.limits.max_tokens, room)
-
-    def _check_prompt(self, n_prompt: int, n_ctx: int, param: str) -> None:
-        limit = self.limits.max_prompt_tokens or n_ctx
-        if n_prompt > min(limit, n_ctx):
-            raise ContextOverflowError(
-                f"the prompt has {n_prompt} tokens; this model takes at most {min(limit, n_ctx)} ({param})"
-            )
-
-    async def _scheduler(self, name: str) -> Scheduler:
-        return await run_in_threadpool(self.registry.get, name)
-
-    async def _prepare_chat(self, body: bytes) -> Prepared:
+    def _chat_request(self, body: bytes) -> CoreRequest:
         req = p.ChatCompletionRequest.model_validate_json(body)
         req.check()
-        if len(req.messages) > self.limits.max_messages:
-            raise p.UnsupportedValue("messages", f"at most {self.limits.max_messages} messages per request")
-        messages = req.chat_messages()
-        sched = await self._scheduler(req.model)
-        first = sched.replicas[0]
-        plan = first.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
-        ids, keep = await run_in_threadpool(_render, sched, messages, plan)
-        n_ctx = sched.replicas[0].decoder.n_ctx
-        self._check_prompt(len(ids), n_ctx, "messages")
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, param, len(ids), n_ctx)}
-        config = await run_in_threadpool(_config, sched, opts, plan)
-        run = _runner(ids, config, keep)
-        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage, plan)
+        return CoreRequest(
+            req.model,
+            messages=req.chat_messages(),
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+            options=req.sampling(),
+            max_tokens=req.token_budget,
+            max_tokens_param=param,
+            stream=req.stream,
+            include_usage=req.include_usage,
+        )
 
-    async def _prepare_completion(self, body: bytes) -> Prepared:
+    def _completion_request(self, body: bytes) -> CoreRequest:
         req = p.CompletionRequest.model_validate_json(body)
         req.check()
-        prompt = req.text()
-        sched = await self._scheduler(req.model)
-        first = sched.replicas[0]
-        ids = await run_in_threadpool(first.encode_prompt, prompt)
-        n_ctx = first.decoder.n_ctx
-        self._check_prompt(len(ids), n_ctx, "prompt")
-        opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, "max_tokens", len(ids), n_ctx)}
-        config = await run_in_threadpool(_config, sched, opts)
-        return Prepared(req.model, sched, ids, _runner(ids, config, None), req.stream, req.include_usage)
+        return CoreRequest(
+            req.model,
+            prompt=req.text(),
+            options=req.sampling(),
+            max_tokens=req.token_budget,
+            prompt_param="prompt",
+            stream=req.stream,
+            include_usage=req.include_usage,
+        )
 
     # -- endpoints -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -252,24 +112,23 @@ class Handlers:
 
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         try:
-            self._check_open()
-            body = await self._body(request)
-            prep = await (self._prepare_chat(body) if chat else self._prepare_completion(body))
-            self._check_open()  # on the loop, as the drain's cut: a job submitted before it is cut by it
-            job = Job(prep.prompt_ids, prep.run, asyncio.get_running_loop())
-            prep.sched.submit(job)
+            self.core.check_open()
+            body = await request.body()  # the Guard raises BodyTooLarge past the limit
+            prep, job = await self.core.start(
+                self._chat_request(body) if chat else self._completion_request(body)
+            )
         except Exception as exc:
             return error_response(exc)
         rid = p.new_id("chatcmpl" if chat else "cmpl")
         if prep.stream:
             return EventSourceResponse(self._events(job, prep, rid, chat), ping=15)
         try:
-            text, result = await _wait_or_gone(job, prep.sched, request)
+            text, result = await wait_or_gone(job, prep.sched, request)
         except ClientGone:
             return Response(status_code=499)  # nobody reads it
         except Exception as exc:
             return error_response(exc)
-        usage, extra = _usage(result), _extra(result, job)
+        usage, extra = _usage(result), extra_stats(result, job)
         logprobs = lp.result_logprobs(result.logprobs, chat)
         if not chat:
             finish = p.finish_reason(extra["stop_reason"])
@@ -314,7 +173,7 @@ class Handlers:
                     for delta in _deltas(splitter, None):
                         yield _data(p.chat_chunk(rid, prep.model, created, delta))
                 result = item.result
-                extra = _extra(result, job)
+                extra = extra_stats(result, job)
                 finish = p.finish_reason(extra["stop_reason"], 0 if splitter is None else splitter.calls)
                 if chat:
                     yield _data(p.chat_chunk(rid, prep.model, created, {}, finish, extra=extra))
@@ -361,72 +220,27 @@ def _usage(result: Result) -> p.Usage:
     )
 
 
-def _extra(result: Result, job: Job) -> dict[str, Any]:
-    """edge's own statistics, in the `edge` field of a response (clients that do not know it ignore it)."""
-    s = result.stats
-    cut = job.shutdown and s.stop_reason == "cancelled"  # it may have ended by itself at the same token
-    return {
-        "ttft_ms": round(s.ttft_ms, 2),
-        "prefill_tok_s": round(s.prefill_tok_s, 1),
-        "decode_tok_s": round(s.decode_tok_s, 1),
-        "queue_ms": round(job.queue_ms, 2),
-        "batch": None if job.batch is None else round(job.batch, 2),  # mean requests per step it rode in
-        "copied_tokens": job.copied,  # prompt tokens whose KV was copied from another slot (in cached_tokens)
-        "cached_tokens": s.n_cached_tokens,
-        "stop_reason": "shutdown" if cut else s.stop_reason,
-        "backend": f"{result.backend}:{result.device}",
-        "fallback": result.fallback,
-        "draft": None if s.draft is None else s.draft.to_dict(),
-    }
-
-
-async def _collect(job: Job) -> tuple[str, Result]:
-    pieces: list[str] = []
+async def _reap(registry: Registry, every_s: float = 0.5) -> None:
+    """Unload the models idle past their keep-alive, for the server's life."""
     while True:
-        item = await job.items.get()
-        if isinstance(item, str):
-            pieces.append(item)
-        elif isinstance(item, Failed):
-            raise item.error
-        else:
-            assert isinstance(item, Done)
-            return "".join(pieces), item.result
-
-
-async def _disconnected(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _wait_or_gone(job: Job, sched: Scheduler, request: Request) -> tuple[str, Result]:
-    """The job's text and result; a client that disconnects first cancels it (ClientGone)."""
-    result = asyncio.ensure_future(_collect(job))
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not result.done():
-            result.cancel()
-            sched.withdraw(job)
-    if result in done:
-        return result.result()
-    raise ClientGone
+        await asyncio.sleep(every_s)
+        await run_in_threadpool(registry.reap)
 
 
 # -- the app ---------------------------------------------------------------------------------------
 def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
     """The ASGI app for a started `registry` (its models loaded), stopped by `drain`; the app closes the
     registry on shutdown."""
-    h = Handlers(config, registry, drain)
+    core = Core(config, registry, drain)
+    h = Handlers(core)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         draining = asyncio.create_task(drain.run())
+        reaping = asyncio.create_task(_reap(registry))
         yield
         draining.cancel()  # done unless uvicorn was stopped some other way
+        reaping.cancel()
         await run_in_threadpool(registry.close)  # cancels what still runs, frees the models
 
     routes = [
@@ -434,6 +248,9 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         Route("/v1/models", h.models, methods=["GET"]),
         Route("/v1/chat/completions", h.chat_completions, methods=["POST"]),
         Route("/v1/completions", h.completions, methods=["POST"]),
+        *responses.routes(core),  # the other protocols, each a translation over the same core
+        *anthropic.routes(core),
+        *ollama.routes(core),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
 
@@ -459,6 +276,6 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
             guarded,
             allow_origins=list(config.cors_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     return drain.track(outer)

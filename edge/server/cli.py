@@ -63,8 +63,24 @@ def add_parser(sub: Any) -> None:
         metavar="SECONDS",
         help="on SIGINT/SIGTERM, the time requests in flight get to finish (default 5)",
     )
+    srv.add_argument(
+        "--keep-alive",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="unload a model idle this long (5m, 1h, 0; default -1: keep it); it loads again on demand",
+    )
     add_load_args(srv, phases=True)
     srv.set_defaults(func=cmd_serve)
+
+
+def _duration(text: str) -> float | None:
+    from edge.server.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -82,6 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parallel=args.parallel,
         limits=Limits(max_tokens=args.max_tokens, queue_size=args.queue),
         grace_s=args.grace,
+        keep_alive_s=args.keep_alive,
         **load_kwargs(args),
     )
     return 0

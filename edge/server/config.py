@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 
 from edge.errors import EdgeError
@@ -66,6 +67,9 @@ class ServerConfig:
     parallel: int = 1
     load: LoadSettings = field(default_factory=LoadSettings)
     limits: Limits = field(default_factory=Limits)
+    # seconds a model stays loaded after its last request (None: until the server stops); a request's own
+    # keep_alive (Ollama's API) overrides it for its model. An unloaded model loads again on its next request.
+    keep_alive_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -85,6 +89,29 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: str | float | int) -> float | None:
+    """A keep-alive as Ollama writes one (a number of seconds, or Go's "5m", "1h30m", "250ms") in seconds;
+    a negative one is None: for ever."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        return None if value < 0 else float(value)
+    text = value.strip()
+    sign, body = (-1, text[1:]) if text.startswith("-") else (1, text)
+    try:
+        seconds = float(body)
+    except ValueError:
+        parts = _PART.findall(body)
+        if not parts or "".join(n + u for n, u in parts) != body:
+            raise ValueError(f"{value!r} is not a duration (e.g. 5m, 1h, 30s, 0, -1)") from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    return None if sign < 0 else seconds
 
 
 def check_bind(config: ServerConfig) -> None:

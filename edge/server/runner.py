@@ -159,6 +159,7 @@ def serve(
     limits: Limits | None = None,
     block: bool = True,
     grace_s: float = 5.0,
+    keep_alive_s: float | None = None,
     **load: Any,
 ) -> Server:
     """Serve models over OpenAI's HTTP API (docs/api.md, docs/cli.md "edge serve").
@@ -167,6 +168,7 @@ def serve(
     arguments (device, backend, precision, n_ctx, n_threads, draft, fallback, draft_device). `api_key`
     defaults to $EDGE_API_KEY; without one only loopback hosts may be bound. `block=False` starts it in a
     background thread and returns the `Server` (its `.url`, `.stop()`); `port=0` picks a free port.
+    `keep_alive_s`: unload a model idle that long (None: keep it loaded; it loads again on demand).
 
     >>> server = edge.serve("smollm2-135m", port=0, block=False)      # doctest: +SKIP
     >>> server.url, server.stop()
@@ -184,6 +186,7 @@ def serve(
         parallel=parallel,
         load=replace(LoadSettings(), **load),
         limits=limits or Limits(),
+        keep_alive_s=keep_alive_s,
     )
     _log_to_stderr()
     server = Server(config, grace_s=grace_s)

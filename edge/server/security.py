@@ -3,8 +3,8 @@
 - Host: the `Host` header must be a loopback name or one the user allowed, else 403. A web page on another
   site can make the browser resolve its own name to 127.0.0.1 (DNS rebinding); its requests then carry that
   name, not ours.
-- API key: with a key, every request but `GET /health` needs `Authorization: Bearer KEY` (401), compared in
-  constant time.
+- API key: with a key, every request but `GET /health` needs `Authorization: Bearer KEY` or, as Anthropic's
+  clients send it, `x-api-key: KEY` (401), compared in constant time.
 - Body size: a declared or streamed body beyond the limit is a 413 before it is all read.
 
 CORS (off unless origins are given) is Starlette's CORSMiddleware, placed outside this one so preflights pass.
@@ -54,6 +54,7 @@ class Guard:
     ) -> None:
         self.app = app
         self.key = None if not api_key else f"Bearer {api_key}".encode()
+        self.raw_key = None if not api_key else api_key.encode()
         self.allowed = frozenset(h.lower().strip("[]") for h in allowed_hosts)
         self.max_body = max_body_bytes
 
@@ -68,7 +69,9 @@ class Guard:
             return
         if self.key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
             given = headers.get("authorization", b"")
-            if not hmac.compare_digest(given, self.key):
+            assert self.raw_key is not None
+            anthropic = hmac.compare_digest(headers.get("x-api-key", b""), self.raw_key)
+            if not (hmac.compare_digest(given, self.key) or anthropic):
                 await _reject(
                     send, 401, "a valid API key is required (Authorization: Bearer KEY)",
                     "invalid_request_error", "invalid_api_key",
