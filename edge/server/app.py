@@ -42,6 +42,7 @@ from edge.server import logprobs as lp
 from edge.server import protocol as p
 from edge.server.config import ServerConfig
 from edge.server.drain import Drain
+from edge.server.embeddings import embedding_routes
 from edge.server.registry import ModelBusyError, Registry
 from edge.server.scheduler import Done, Failed, Job, QueueFull, Scheduler, ServerStopping
 from edge.server.security import BodyTooLarge, Guard
@@ -434,6 +435,7 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         Route("/v1/models", h.models, methods=["GET"]),
         Route("/v1/chat/completions", h.chat_completions, methods=["POST"]),
         Route("/v1/completions", h.completions, methods=["POST"]),
+        *embedding_routes(config, registry),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
 

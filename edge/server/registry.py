@@ -71,7 +71,7 @@ class Registry:
         from edge.models.catalog import CATALOG
         from edge.models.store import is_verified
 
-        return [name for name, entry in CATALOG.items() if is_verified(entry)]
+        return [name for name, entry in CATALOG.items() if not entry.embedding and is_verified(entry)]
 
     def names(self) -> list[str]:
         """Model ids a request may name."""
@@ -84,8 +84,11 @@ class Registry:
     def start(self) -> None:
         """Load the models named at start (the catalog default when none is)."""
         from edge.models.catalog import DEFAULT_MODEL
+        from edge.models.encoder_source import is_embedding_model
 
-        for ref in self.config.models or (DEFAULT_MODEL,):
+        # embedding models are the embeddings route's (edge/server/embeddings.py); named alone, no chat model
+        chat = [ref for ref in self.config.models if not is_embedding_model(ref)]
+        for ref in chat if self.config.models else (DEFAULT_MODEL,):
             sched = self._load(ref)
             self._known[sched.name] = _Known(ref, pinned=True)
             self._loaded[sched.name] = sched

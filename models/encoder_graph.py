@@ -1,0 +1,142 @@
+"""The BERT encoder as an ONNX graph, from a checked sentence-transformers folder (models/encoder_folder.py):
+bidirectional attention under a padding mask, absolute positions, token types, exact (erf) GELU, post-norm;
+then the folder's declared pooling and, when declared, L2 normalization. Many inputs per forward:
+
+    inputs   input_ids       int64   [b, s]     padded with anything (masked out)
+             attention_mask  int64   [b, s]     1 for a real token, 0 for padding
+             token_type_ids  int64   [b, s]
+    outputs  embeddings      float32 [b, d]
+
+Weights are imported as stored (f32; f16/bf16 widened exactly); positions are 0..s-1 (right padding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from edge.models.encoder_folder import EncoderFolder
+
+__all__ = ["OPSET", "build_encoder"]
+
+OPSET = 18  # LayerNormalization; axes as inputs of ReduceL2 and ReduceMax
+_NEG = -1e9  # added to a padded key's score: exp() of it is exactly 0 in f32
+
+
+class _G:
+    def __init__(self) -> None:
+        from onnx import helper, numpy_helper
+
+        self.h, self.nh = helper, numpy_helper
+        self.nodes: list = []
+        self.inits: list = []
+        self._n = 0
+        self._names: set[str] = set()
+
+    def op(self, op_type: str, *inputs: str, **attrs: object) -> str:
+        self._n += 1
+        out = f"{op_type.lower()}_{self._n}"
+        self.nodes.append(self.h.make_node(op_type, list(inputs), [out], name=f"n{self._n}", **attrs))
+        return out
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        """An initializer; a name seen before is the same constant (the shared scalars, the shapes)."""
+        if name in self._names:
+            return name
+        self._names.add(name)
+        self.inits.append(self.nh.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def linear(self, x: str, w: np.ndarray, b: np.ndarray, name: str) -> str:
+        # [out, in] as stored -> MatMul's [in, out]
+        y = self.op("MatMul", x, self.const(f"{name}.weight_t", w.T.astype(np.float32)))
+        return self.op("Add", y, self.const(f"{name}.bias", b.astype(np.float32)))
+
+    def norm(self, x: str, f: EncoderFolder, name: str) -> str:
+        w, b = f.weight(f"{name}.weight"), f.weight(f"{name}.bias")
+        return self.op(
+            "LayerNormalization", x, self.const(f"{name}.weight", w), self.const(f"{name}.bias", b),
+            axis=-1, epsilon=f.config.eps,
+        )  # fmt: skip
+
+
+def _embeddings(g: _G, f: EncoderFolder) -> str:
+    words = g.op(
+        "Gather", g.const("word_embeddings", f.weight("embeddings.word_embeddings.weight")), "input_ids"
+    )
+    types = g.op("Gather", g.const("type_embeddings", f.weight("embeddings.token_type_embeddings.weight")), "token_type_ids")  # fmt: skip
+    # positions 0..s-1 on every row, [b, s]: a cumulative sum of ones (no scalar shape arithmetic)
+    ones = g.op("ConstantOfShape", g.op("Shape", "input_ids"), value=g.h.make_tensor("one", 7, [1], [1]))
+    one = g.const("one_i", np.array(1, np.int64))
+    positions = g.op("Sub", g.op("CumSum", ones, one), one)
+    pos = g.op("Gather", g.const("position_embeddings", f.weight("embeddings.position_embeddings.weight")), positions)  # fmt: skip
+    return g.norm(g.op("Add", g.op("Add", words, types), pos), f, "embeddings.LayerNorm")
+
+
+def _attention(g: _G, f: EncoderFolder, x: str, mask: str, lay: str) -> str:
+    cfg = f.config
+    heads = g.const("heads_shape", np.array([0, 0, cfg.n_head, cfg.head_dim], np.int64))
+
+    def proj(kind: str, perm: list[int]) -> str:
+        name = f"{lay}attention.self.{kind}"
+        y = g.linear(x, f.weight(f"{name}.weight"), f.weight(f"{name}.bias"), name)
+        return g.op("Transpose", g.op("Reshape", y, heads), perm=perm)
+
+    q, k, v = proj("query", [0, 2, 1, 3]), proj("key", [0, 2, 3, 1]), proj("value", [0, 2, 1, 3])
+    scale = g.const("attn_scale", np.array(1.0 / math.sqrt(cfg.head_dim), np.float32))
+    scores = g.op("Add", g.op("Mul", g.op("MatMul", q, k), scale), mask)  # [b, h, s, s]
+    ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)  # [b, h, s, hd]
+    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const("merge_shape", np.array([0, 0, cfg.hidden], np.int64)))  # fmt: skip
+    out = f"{lay}attention.output"
+    y = g.linear(merged, f.weight(f"{out}.dense.weight"), f.weight(f"{out}.dense.bias"), f"{out}.dense")
+    return g.norm(g.op("Add", y, x), f, f"{out}.LayerNorm")
+
+
+def _feed_forward(g: _G, f: EncoderFolder, x: str, lay: str) -> str:
+    name = f"{lay}intermediate.dense"
+    h = g.linear(x, f.weight(f"{name}.weight"), f.weight(f"{name}.bias"), name)
+    # exact GELU: 0.5 x (1 + erf(x / sqrt 2)) (ONNX Runtime fuses the pattern)
+    erf = g.op("Erf", g.op("Mul", h, g.const("inv_sqrt2", np.array(1 / math.sqrt(2), np.float32))))
+    gelu = g.op("Mul", g.op("Mul", h, g.const("half", np.array(0.5, np.float32))), g.op("Add", erf, g.const("one_f", np.array(1.0, np.float32))))  # fmt: skip
+    name = f"{lay}output.dense"
+    y = g.linear(gelu, f.weight(f"{name}.weight"), f.weight(f"{name}.bias"), name)
+    return g.norm(g.op("Add", y, x), f, f"{lay}output.LayerNorm")
+
+
+def _pool(g: _G, f: EncoderFolder, h: str, m: str) -> str:
+    """h [b, s, d], m float [b, s] -> [b, d] by the folder's pooling mode."""
+    mode = f.pooling.mode
+    m3 = g.op("Unsqueeze", m, g.const("axis_last", np.array([-1], np.int64)))  # [b, s, 1]
+    axis1 = g.const("axis1", np.array([1], np.int64))
+    if mode == "cls":
+        return g.op("Gather", h, g.const("zero_i", np.array(0, np.int64)), axis=1)
+    if mode == "max":
+        masked = g.op("Add", h, g.op("Mul", g.op("Sub", m3, "one_f"), g.const("big", np.array(1e9, np.float32))))  # fmt: skip
+        return g.op("ReduceMax", masked, axis1, keepdims=0)
+    total = g.op("ReduceSum", g.op("Mul", h, m3), axis1, keepdims=0)
+    count = g.op("Max", g.op("ReduceSum", m3, axis1, keepdims=0), g.const("tiny", np.array(1e-9, np.float32)))
+    return g.op("Div", total, count)
+
+
+def build_encoder(f: EncoderFolder):  # type: ignore[no-untyped-def]
+    """The encoder of folder `f` as an onnx.ModelProto (weights inline: a BERT-base is ~0.4 GB)."""
+    from onnx import TensorProto
+
+    g = _G()
+    h = g.h
+    m = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)  # [b, s]
+    axes = g.const("axes_12", np.array([1, 2], np.int64))
+    mask = g.op("Mul", g.op("Sub", g.op("Unsqueeze", m, axes), g.const("one_f", np.array(1.0, np.float32))), g.const("neg", np.array(-_NEG, np.float32)))  # fmt: skip
+    x = _embeddings(g, f)
+    for n in range(f.config.n_layer):
+        x = _feed_forward(g, f, _attention(g, f, x, mask, f"encoder.layer.{n}."), f"encoder.layer.{n}.")
+    pooled = _pool(g, f, x, m)
+    if f.pooling.normalize:  # torch's F.normalize: x / max(|x|, 1e-12)
+        norm = g.op("ReduceL2", pooled, g.const("axis_m1", np.array([-1], np.int64)), keepdims=1)
+        pooled = g.op("Div", pooled, g.op("Max", norm, g.const("eps12", np.array(1e-12, np.float32))))
+    g.nodes.append(h.make_node("Identity", [pooled], ["embeddings"], name="out"))
+    ids = [h.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    out = h.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", f.config.hidden])
+    graph = h.make_graph(g.nodes, "bert_encoder", ids, [out], g.inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], producer_name="edge")
