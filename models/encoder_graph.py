@@ -110,7 +110,10 @@ def _pool(g: _G, f: EncoderFolder, h: str, m: str) -> str:
     m3 = g.op("Unsqueeze", m, g.const("axis_last", np.array([-1], np.int64)))  # [b, s, 1]
     axis1 = g.const("axis1", np.array([1], np.int64))
     if mode == "cls":
-        return g.op("Gather", h, g.const("zero_i", np.array(0, np.int64)), axis=1)
+        # NOTE: a Slice, not a Gather of index 0: ORT's optimizer rewrites a scalar-index Gather into a Slice
+        # it then runs wrongly (a [b, 1, d] result, or "Starts must be a 1-D array")
+        first = g.op("Slice", h, g.const("zero_1", np.array([0], np.int64)), g.const("one_1", np.array([1], np.int64)), axis1)  # fmt: skip
+        return g.op("Squeeze", first, axis1)
     if mode == "max":
         masked = g.op("Add", h, g.op("Mul", g.op("Sub", m3, "one_f"), g.const("big", np.array(1e9, np.float32))))  # fmt: skip
         return g.op("ReduceMax", masked, axis1, keepdims=0)

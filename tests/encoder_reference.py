@@ -26,12 +26,18 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)).astype(np.float64))
 
 
+_WEIGHTS: dict[Path, dict[str, np.ndarray]] = {}  # float64 copies, per folder: read once per session
+
+
 def reference_embedding(f: EncoderFolder, ids: list[int]) -> np.ndarray:
     """One input's vector in float64."""
     cfg = f.config
+    cache = _WEIGHTS.setdefault(f.path, {})
 
     def w(name: str) -> np.ndarray:
-        return f.weight(name).astype(np.float64)
+        if name not in cache:
+            cache[name] = f.weight(name).astype(np.float64)
+        return cache[name]
 
     n = len(ids)
     x = w("embeddings.word_embeddings.weight")[ids] + w("embeddings.position_embeddings.weight")[:n]

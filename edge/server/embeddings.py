@@ -60,8 +60,9 @@ class Embedders:
 
     def start(self) -> None:
         for ref in self.named:
+            model = self._open(ref)
             with self._lock:
-                self._loaded[_key(ref)] = self._open(ref)
+                self._loaded[model.name] = model  # a folder by its name: ids, never paths
 
     def get(self, name: str) -> Any:
         """The EmbeddingModel `name` names: one named at start, or a pulled catalog embedding model, loaded on
