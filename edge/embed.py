@@ -154,5 +154,6 @@ def load_embedder(
     from edge.models.encoder_graph import build_encoder
 
     checked = check_encoder(model, on_progress=on_progress)
-    runner = open_encoder(build_encoder(checked.folder), EncoderOptions(backend, precision, n_threads))
+    graph = build_encoder(checked.folder, fused=backend == "ort")  # ORT has its own attention kernel
+    runner = open_encoder(graph, EncoderOptions(backend, precision, n_threads))
     return EmbeddingModel(checked.name, checked.folder, runner)

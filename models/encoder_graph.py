@@ -34,10 +34,11 @@ class _G:
         self._n = 0
         self._names: set[str] = set()
 
-    def op(self, op_type: str, *inputs: str, **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, domain: str = "", **attrs: object) -> str:
         self._n += 1
         out = f"{op_type.lower()}_{self._n}"
-        self.nodes.append(self.h.make_node(op_type, list(inputs), [out], name=f"n{self._n}", **attrs))
+        node = self.h.make_node(op_type, list(inputs), [out], name=f"n{self._n}", domain=domain, **attrs)
+        self.nodes.append(node)
         return out
 
     def const(self, name: str, value: np.ndarray) -> str:
@@ -72,6 +73,19 @@ def _embeddings(g: _G, f: EncoderFolder) -> str:
     positions = g.op("Sub", g.op("CumSum", ones, one), one)
     pos = g.op("Gather", g.const("position_embeddings", f.weight("embeddings.position_embeddings.weight")), positions)  # fmt: skip
     return g.norm(g.op("Add", g.op("Add", words, types), pos), f, "embeddings.LayerNorm")
+
+
+def _fused_attention(g: _G, f: EncoderFolder, x: str, lay: str) -> str:
+    """ONNX Runtime's MultiHeadAttention (com.microsoft): one kernel for the heads' scores, the padding mask
+    (key_padding_mask [b, s]) and the softmax, on [b, s, d] Q/K/V as the linears give them."""
+    name = f"{lay}attention.self"
+    q, k, v = (g.linear(x, f.weight(f"{name}.{t}.weight"), f.weight(f"{name}.{t}.bias"), f"{name}.{t}") for t in ("query", "key", "value"))  # fmt: skip
+    ctx = g.op(
+        "MultiHeadAttention", q, k, v, "", "mask_i32", domain="com.microsoft", num_heads=f.config.n_head
+    )
+    out = f"{lay}attention.output"
+    y = g.linear(ctx, f.weight(f"{out}.dense.weight"), f.weight(f"{out}.dense.bias"), f"{out}.dense")
+    return g.norm(g.op("Add", y, x), f, f"{out}.LayerNorm")
 
 
 def _attention(g: _G, f: EncoderFolder, x: str, mask: str, lay: str) -> str:
@@ -122,8 +136,9 @@ def _pool(g: _G, f: EncoderFolder, h: str, m: str) -> str:
     return g.op("Div", total, count)
 
 
-def build_encoder(f: EncoderFolder):  # type: ignore[no-untyped-def]
-    """The encoder of folder `f` as an onnx.ModelProto (weights inline: a BERT-base is ~0.4 GB)."""
+def build_encoder(f: EncoderFolder, *, fused: bool = False):  # type: ignore[no-untyped-def]
+    """The encoder of folder `f` as an onnx.ModelProto (weights inline: a BERT-base is ~0.4 GB). `fused`:
+    attention as ONNX Runtime's MultiHeadAttention kernel (ORT only; else standard ONNX ops throughout)."""
     from onnx import TensorProto
 
     g = _G()
@@ -132,8 +147,14 @@ def build_encoder(f: EncoderFolder):  # type: ignore[no-untyped-def]
     axes = g.const("axes_12", np.array([1, 2], np.int64))
     mask = g.op("Mul", g.op("Sub", g.op("Unsqueeze", m, axes), g.const("one_f", np.array(1.0, np.float32))), g.const("neg", np.array(-_NEG, np.float32)))  # fmt: skip
     x = _embeddings(g, f)
+    if fused:
+        g.nodes.append(
+            h.make_node("Cast", ["attention_mask"], ["mask_i32"], name="mask_i32", to=TensorProto.INT32)
+        )
     for n in range(f.config.n_layer):
-        x = _feed_forward(g, f, _attention(g, f, x, mask, f"encoder.layer.{n}."), f"encoder.layer.{n}.")
+        lay = f"encoder.layer.{n}."
+        att = _fused_attention(g, f, x, lay) if fused else _attention(g, f, x, mask, lay)
+        x = _feed_forward(g, f, att, lay)
     pooled = _pool(g, f, x, m)
     if f.pooling.normalize:  # torch's F.normalize: x / max(|x|, 1e-12)
         norm = g.op("ReduceL2", pooled, g.const("axis_m1", np.array([-1], np.int64)), keepdims=1)
@@ -142,4 +163,5 @@ def build_encoder(f: EncoderFolder):  # type: ignore[no-untyped-def]
     ids = [h.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
     out = h.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", f.config.hidden])
     graph = h.make_graph(g.nodes, "bert_encoder", ids, [out], g.inits)
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", OPSET)], producer_name="edge")
+    opsets = [h.make_opsetid("", OPSET)] + ([h.make_opsetid("com.microsoft", 1)] if fused else [])
+    return h.make_model(graph, opset_imports=opsets, producer_name="edge")
