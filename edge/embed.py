@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.devices.encoder import EncoderOptions, EncoderRunner, open_encoder
+from edge.devices.encoder import EncoderOptions, EncoderRunner, open_encoder, resolve_backend
 from edge.errors import ContextOverflowError, TokenizerError
 from edge.models.encoder_folder import EncoderFolder
 from edge.models.encoder_source import check_encoder
@@ -138,21 +138,23 @@ def _special_template(tok: Any) -> tuple[list[int], list[int]]:
 def load_embedder(
     model: str | os.PathLike[str] = "all-minilm-l6-v2",
     *,
-    backend: str = "ort",
+    backend: str = "auto",
     precision: str = "fast",
     n_threads: int | None = None,
     on_progress: PullProgress | None = None,
 ) -> EmbeddingModel:
     """Open an embedding model: a catalog name (`all-minilm-l6-v2`, alias `all-minilm`; pulled and checked on
-    first use) or a sentence-transformers folder. `backend`: ort | openvino. `precision`: "fast" (int8
-    matrix products where the runtime has them; cosine >= 0.999 to a float64 forward) or "exact" (fp32).
+        first use) or a sentence-transformers folder. `backend`: auto (OpenVINO where installed: the faster here,
+    else ONNX Runtime) | ort | openvino. `precision`: "fast" (int8
+        matrix products where the runtime has them; cosine >= 0.999 to a float64 forward) or "exact" (fp32).
 
-    >>> import edge
-    >>> with edge.load_embedder("all-minilm") as m:                    # doctest: +SKIP
-    ...     vectors = m.embed(["a cat", "a dog"])                       # [2, 384], unit length
+        >>> import edge
+        >>> with edge.load_embedder("all-minilm") as m:                    # doctest: +SKIP
+        ...     vectors = m.embed(["a cat", "a dog"])                       # [2, 384], unit length
     """
     from edge.models.encoder_graph import build_encoder
 
+    backend = resolve_backend(backend)  # before the model is read
     checked = check_encoder(model, on_progress=on_progress)
     graph = build_encoder(checked.folder, fused=backend == "ort")  # ORT has its own attention kernel
     runner = open_encoder(graph, EncoderOptions(backend, precision, n_threads))

@@ -20,7 +20,12 @@ def add_parser(sub: Any) -> None:
     )
     emb.add_argument("texts", nargs="*", metavar="TEXT", help="texts (default: one per line of stdin)")
     emb.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    emb.add_argument("--backend", default="ort", choices=("ort", "openvino"))
+    emb.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "ort", "openvino"),
+        help="auto: openvino where installed",
+    )
     emb.add_argument("--precision", default="fast", choices=("fast", "exact"))
     emb.add_argument("--threads", type=int, default=None, dest="n_threads")
     emb.add_argument("--truncate", action="store_true", help="cut inputs longer than the model takes")

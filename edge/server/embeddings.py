@@ -30,7 +30,7 @@ __all__ = ["MAX_INPUTS", "Embedders", "EmbeddingRequest", "embedding_routes"]
 log = logging.getLogger("edge.server")
 
 MAX_INPUTS = 2048  # OpenAI's own bound on inputs per request
-ENCODER_BACKENDS = ("ort", "openvino")
+ENCODER_BACKENDS = ("auto", "ort", "openvino")
 
 
 class EmbeddingRequest(BaseModel):
@@ -91,7 +91,7 @@ class Embedders:
         from edge.embed import load_embedder
 
         s = self.config.load
-        backend = s.backend if s.backend in ENCODER_BACKENDS else "ort"  # auto (or a decoder's backend)
+        backend = s.backend if s.backend in ENCODER_BACKENDS else "auto"  # llamacpp: a decoder's backend
         model = load_embedder(name, backend=backend, precision=s.precision, n_threads=s.n_threads)
         log.info("loaded embedding model %s on %s (%s)", model.name, model.backend, model.precision)
         return model

@@ -109,16 +109,27 @@ def minilm_exact() -> edge.EmbeddingModel:
     return edge.load_embedder("all-minilm", precision="exact", n_threads=2)
 
 
+@pytest.fixture(scope="module")
+def minilm_refs(minilm_exact: edge.EmbeddingModel) -> np.ndarray:
+    return np.array([reference_embedding(minilm_exact.folder, ids) for ids in minilm_exact.tokenize(TEXTS)])
+
+
 @pytest.mark.slow
-def test_real_model_equals_the_float64_forward(minilm_exact: edge.EmbeddingModel) -> None:
+def test_real_model_equals_the_float64_forward(
+    minilm_exact: edge.EmbeddingModel, minilm_refs: np.ndarray
+) -> None:
     m = minilm_exact
     assert (m.dim, m.max_tokens, m.pooling, m.normalized) == (384, 256, "mean", True)  # read from its files
-    vectors = m.embed(TEXTS)
-    refs = [reference_embedding(m.folder, ids) for ids in m.tokenize(TEXTS)]
-    worst = min(cosine(v, r) for v, r in zip(vectors, refs, strict=True))
+    worst = min(cosine(v, r) for v, r in zip(m.embed(TEXTS), minilm_refs, strict=True))
     assert worst >= EXACT, worst
-    with edge.load_embedder("all-minilm-l6-v2", precision="fast", n_threads=2) as fast:
-        assert min(cosine(v, r) for v, r in zip(fast.embed(TEXTS), refs, strict=True)) >= FAST
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["ort", "openvino"])
+def test_real_model_fast_on_each_backend(minilm_refs: np.ndarray, backend: str) -> None:
+    with edge.load_embedder("all-minilm-l6-v2", backend=backend, precision="fast", n_threads=2) as fast:
+        worst = min(cosine(v, r) for v, r in zip(fast.embed(TEXTS), minilm_refs, strict=True))
+    assert worst >= FAST, worst
 
 
 @pytest.mark.slow
