@@ -19,7 +19,7 @@ import numpy as np
 
 from edge.devices.encoder import EncoderOptions, EncoderRunner, open_encoder, resolve_backend
 from edge.errors import ContextOverflowError, TokenizerError
-from edge.models.encoder_folder import EncoderFolder
+from edge.models.encoder_folder import EncoderSource
 from edge.models.encoder_source import check_encoder
 from edge.models.store import PullProgress
 
@@ -32,7 +32,7 @@ class EmbeddingModel:
     """An opened embedding model. `dim`: the vector's width; `max_tokens`: tokens per input, the model's
     own [CLS]/[SEP] included; `normalized`: vectors have unit length."""
 
-    def __init__(self, name: str, folder: EncoderFolder, runner: EncoderRunner) -> None:
+    def __init__(self, name: str, folder: EncoderSource, runner: EncoderRunner) -> None:
         self.name = name
         self.folder = folder
         self._runner = runner

@@ -10,12 +10,14 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from edge.errors import ModelFormatError, TokenizerError
 from edge.models.safetensors_file import FLOAT_DTYPES, SafetensorsFile, open_safetensors
 
-__all__ = ["BertConfig", "EncoderFolder", "Pooling", "open_encoder_folder"]
+__all__ = ["BertConfig", "EncoderFolder", "EncoderSource", "Pooling", "open_encoder_folder"]
 
 _ST = "sentence_transformers.models."
 POOLING_MODES = ("mean", "cls", "max")  # what the graph pools by (sentence-transformers' pooling_mode_*)
@@ -106,6 +108,26 @@ class Pooling:
     normalize: bool  # a Normalize module follows (unit-length vectors)
 
 
+class EncoderSource(Protocol):
+    """What the encoder graph and the embedder read of a model, whichever file it came from (a
+    sentence-transformers folder here, a BERT GGUF in models/bert_gguf.py)."""
+
+    path: Path
+    config: BertConfig
+    pooling: Pooling
+    max_seq_length: int
+    lowercase: bool
+
+    def weight(self, name: str) -> np.ndarray:
+        """Weight `name` (its sentence-transformers name, no prefix) as float32, in [out, in] order."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """A `tokenizers.Tokenizer` that adds the model's special tokens, without padding or truncation."""
+        ...
+
+
 @dataclass(frozen=True, eq=False)
 class EncoderFolder:
     path: Path
@@ -116,7 +138,7 @@ class EncoderFolder:
     weights: SafetensorsFile
     prefix: str  # "" or "bert." before the weight names
 
-    def weight(self, name: str):  # type: ignore[no-untyped-def]
+    def weight(self, name: str) -> np.ndarray:
         return self.weights.array(self.prefix + name)
 
     @cached_property

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from edge.models.encoder_folder import EncoderFolder
+from edge.models.encoder_folder import EncoderSource
 
 __all__ = ["OPSET", "build_encoder"]
 
@@ -54,7 +54,7 @@ class _G:
         y = self.op("MatMul", x, self.const(f"{name}.weight_t", w.T.astype(np.float32)))
         return self.op("Add", y, self.const(f"{name}.bias", b.astype(np.float32)))
 
-    def norm(self, x: str, f: EncoderFolder, name: str) -> str:
+    def norm(self, x: str, f: EncoderSource, name: str) -> str:
         w, b = f.weight(f"{name}.weight"), f.weight(f"{name}.bias")
         return self.op(
             "LayerNormalization", x, self.const(f"{name}.weight", w), self.const(f"{name}.bias", b),
@@ -62,7 +62,7 @@ class _G:
         )  # fmt: skip
 
 
-def _embeddings(g: _G, f: EncoderFolder) -> str:
+def _embeddings(g: _G, f: EncoderSource) -> str:
     words = g.op(
         "Gather", g.const("word_embeddings", f.weight("embeddings.word_embeddings.weight")), "input_ids"
     )
@@ -75,7 +75,7 @@ def _embeddings(g: _G, f: EncoderFolder) -> str:
     return g.norm(g.op("Add", g.op("Add", words, types), pos), f, "embeddings.LayerNorm")
 
 
-def _fused_attention(g: _G, f: EncoderFolder, x: str, lay: str) -> str:
+def _fused_attention(g: _G, f: EncoderSource, x: str, lay: str) -> str:
     """ONNX Runtime's MultiHeadAttention (com.microsoft): one kernel for the heads' scores, the padding mask
     (key_padding_mask [b, s]) and the softmax, on [b, s, d] Q/K/V as the linears give them."""
     name = f"{lay}attention.self"
@@ -88,7 +88,7 @@ def _fused_attention(g: _G, f: EncoderFolder, x: str, lay: str) -> str:
     return g.norm(g.op("Add", y, x), f, f"{out}.LayerNorm")
 
 
-def _attention(g: _G, f: EncoderFolder, x: str, mask: str, lay: str) -> str:
+def _attention(g: _G, f: EncoderSource, x: str, mask: str, lay: str) -> str:
     cfg = f.config
     heads = g.const("heads_shape", np.array([0, 0, cfg.n_head, cfg.head_dim], np.int64))
 
@@ -107,7 +107,7 @@ def _attention(g: _G, f: EncoderFolder, x: str, mask: str, lay: str) -> str:
     return g.norm(g.op("Add", y, x), f, f"{out}.LayerNorm")
 
 
-def _feed_forward(g: _G, f: EncoderFolder, x: str, lay: str) -> str:
+def _feed_forward(g: _G, f: EncoderSource, x: str, lay: str) -> str:
     name = f"{lay}intermediate.dense"
     h = g.linear(x, f.weight(f"{name}.weight"), f.weight(f"{name}.bias"), name)
     # exact GELU: 0.5 x (1 + erf(x / sqrt 2)) (ONNX Runtime fuses the pattern)
@@ -118,7 +118,7 @@ def _feed_forward(g: _G, f: EncoderFolder, x: str, lay: str) -> str:
     return g.norm(g.op("Add", y, x), f, f"{lay}output.LayerNorm")
 
 
-def _pool(g: _G, f: EncoderFolder, h: str, m: str) -> str:
+def _pool(g: _G, f: EncoderSource, h: str, m: str) -> str:
     """h [b, s, d], m float [b, s] -> [b, d] by the folder's pooling mode."""
     mode = f.pooling.mode
     m3 = g.op("Unsqueeze", m, g.const("axis_last", np.array([-1], np.int64)))  # [b, s, 1]
@@ -136,7 +136,7 @@ def _pool(g: _G, f: EncoderFolder, h: str, m: str) -> str:
     return g.op("Div", total, count)
 
 
-def build_encoder(f: EncoderFolder, *, fused: bool = False):  # type: ignore[no-untyped-def]
+def build_encoder(f: EncoderSource, *, fused: bool = False):  # type: ignore[no-untyped-def]
     """The encoder of folder `f` as an onnx.ModelProto (weights inline: a BERT-base is ~0.4 GB). `fused`:
     attention as ONNX Runtime's MultiHeadAttention kernel (ORT only; else standard ONNX ops throughout)."""
     from onnx import TensorProto

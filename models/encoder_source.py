@@ -1,6 +1,7 @@
 """One checked way in for embedding models: a catalog name (or alias) pulled, SHA-256-verified and unpacked
-on first use, or a local sentence-transformers folder; either way read and checked by
-models/encoder_folder.py before a graph is built. A chat model named here is refused, saying what it is.
+on first use, a local sentence-transformers folder (models/encoder_folder.py) or a BERT GGUF
+(models/bert_gguf.py); each read and checked before a graph is built. A chat model named here is refused,
+saying what it is.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from edge.errors import ModelFormatError, ModelNotFoundError
 from edge.models.catalog import CATALOG, lookup
-from edge.models.encoder_folder import EncoderFolder, open_encoder_folder
+from edge.models.encoder_folder import EncoderSource, open_encoder_folder
 from edge.models.store import PullProgress
 
 __all__ = ["CheckedEncoder", "check_encoder", "embedding_names", "is_embedding_model"]
@@ -20,7 +21,7 @@ __all__ = ["CheckedEncoder", "check_encoder", "embedding_names", "is_embedding_m
 @dataclass(frozen=True, eq=False)
 class CheckedEncoder:
     name: str  # the catalog name, or the folder's name
-    folder: EncoderFolder
+    folder: EncoderSource
 
 
 def embedding_names() -> list[str]:
@@ -33,7 +34,15 @@ def is_embedding_model(ref: str) -> bool:
     entry = lookup(ref)
     if entry is not None:
         return entry.embedding
-    return (Path(ref).expanduser() / "modules.json").is_file()
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf" and path.is_file():  # a BERT GGUF (one header read, no tensors)
+        from edge.models.gguf_file import open_gguf
+
+        try:
+            return open_gguf(path).metadata.get("general.architecture") == "bert"
+        except ModelFormatError:
+            return False
+    return (path / "modules.json").is_file()
 
 
 def check_encoder(
@@ -55,6 +64,10 @@ def check_encoder(
     path = Path(ref).expanduser()
     if (path / "modules.json").is_file() or (path / "config.json").is_file():
         return CheckedEncoder(path.name, open_encoder_folder(path))
+    if path.is_file() and path.suffix == ".gguf":
+        from edge.models.bert_gguf import open_bert_gguf
+
+        return CheckedEncoder(path.name, open_bert_gguf(path))
     if path.is_file():
         raise ModelFormatError(
             f"{path.name} is not an embedding model edge reads",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge.models.encoder_folder import EncoderFolder
+from edge.models.encoder_folder import EncoderSource
 
 
 def _ln(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -29,7 +29,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 _WEIGHTS: dict[Path, dict[str, np.ndarray]] = {}  # float64 copies, per folder: read once per session
 
 
-def reference_embedding(f: EncoderFolder, ids: list[int]) -> np.ndarray:
+def reference_embedding(f: EncoderSource, ids: list[int]) -> np.ndarray:
     """One input's vector in float64."""
     cfg = f.config
     cache = _WEIGHTS.setdefault(f.path, {})
