@@ -45,10 +45,10 @@ def _stdin_text(what: str = "prompt") -> str:
 def _is_model_arg(value: str) -> bool:
     """A lone argument names a model when it is one; one that only looks like a model name (a near miss of a
     catalog name, a .gguf path that is not there) is an error, not a prompt sent to the default model."""
-    from edge.models.catalog import CATALOG, DEFAULT_MODEL, near_names
+    from edge.models.catalog import DEFAULT_MODEL, lookup, near_names
 
     artifact = os.path.isfile(os.path.join(value, "manifest.json"))  # edge convert -o DIR
-    if value in CATALOG or os.path.isfile(value) or artifact:
+    if lookup(value) is not None or os.path.isfile(value) or artifact:
         return True
     if value.endswith(".gguf"):
         return True  # the loader says the file is missing
