@@ -156,6 +156,9 @@ def load_embedder(
 
     backend = resolve_backend(backend)  # before the model is read
     checked = check_encoder(model, on_progress=on_progress)
-    graph = build_encoder(checked.folder, fused=backend == "ort")  # ORT has its own attention kernel
+    # ORT: its own attention kernel; OpenVINO at fast: int8 weights for its int8 kernels (devices/encoder.py)
+    graph = build_encoder(
+        checked.folder, fused=backend == "ort", int8_weights=backend == "openvino" and precision == "fast"
+    )
     runner = open_encoder(graph, EncoderOptions(backend, precision, n_threads))
     return EmbeddingModel(checked.name, checked.folder, runner)
