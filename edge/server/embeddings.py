@@ -189,5 +189,6 @@ def embedding_routes(config: ServerConfig, registry: Any) -> list[Route]:
     """The embeddings route, its models loaded now (those `config.models` names that are embedding models)."""
     embedders = Embedders(config)
     embedders.start()
-    handler = EmbeddingsHandler(embedders, registry.names)
+    registry.list_embedders(embedders.names())
+    handler = EmbeddingsHandler(embedders, registry.chat_names)
     return [Route("/v1/embeddings", handler.handle, methods=["POST"])]

@@ -64,6 +64,7 @@ class Registry:
         self._lock = threading.Lock()  # one load at a time
         self._loaded: dict[str, Scheduler] = {}
         self._known: dict[str, _Known] = {}
+        self._embedders: list[str] = []  # the embeddings route's models: listed, answered there only
         self.created = int(time.time())
 
     # -- names -----------------------------------------------------------------------------------
@@ -73,12 +74,20 @@ class Registry:
 
         return [name for name, entry in CATALOG.items() if not entry.embedding and is_verified(entry)]
 
+    def list_embedders(self, names: list[str]) -> None:
+        """Embedding models served by /v1/embeddings (edge/server/embeddings.py): in `names()` (so /v1/models
+        lists them), a 400 saying so when a chat or completion request names one."""
+        self._embedders = list(names)
+
+    def chat_names(self) -> list[str]:
+        return [n for n in self.names() if n not in self._embedders]
+
     def names(self) -> list[str]:
         """Model ids a request may name."""
         names = list(self._known)
         if self.config.models_max > sum(k.pinned for k in self._known.values()):
             names += [n for n in self._catalog_pulled() if n not in names]
-        return names
+        return names + [n for n in self._embedders if n not in names]
 
     # -- loading ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -191,6 +200,10 @@ class Registry:
         sched = self._loaded.get(name)
         if sched is not None:
             return sched
+        if name in self._embedders:
+            from edge.server.unsupported import UnsupportedValue
+
+            raise UnsupportedValue("model", f"{name} is an embedding model: POST /v1/embeddings")
         if name not in self.names():
             raise ModelNotFoundError(
                 f"the model {name!r} does not exist on this server",

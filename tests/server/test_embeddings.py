@@ -54,11 +54,13 @@ def test_openai_client_gets_the_api_vectors(both: tuple[Server, Path]) -> None:
     assert np.allclose(floats.data[0].embedding, local[1], atol=1e-6)
     by_ids = c.embeddings.create(model="tiny-embed", input=[ids, ids], encoding_format="float")
     assert np.allclose(by_ids.data[1].embedding, local[0], atol=1e-6)
-    # the chat model still answers on the same server
-    chat = c.chat.completions.create(
-        model="tiny.gguf", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-    )
+    # the chat model still answers on the same server; /v1/models lists both
+    hi = [{"role": "user", "content": "hi"}]
+    chat = c.chat.completions.create(model="tiny.gguf", messages=hi, max_tokens=2)
     assert chat.choices[0].message.content is not None
+    assert {m.id for m in c.models.list()} >= {"tiny.gguf", "tiny-embed"}
+    with pytest.raises(openai.BadRequestError, match="tiny-embed is an embedding model"):
+        c.chat.completions.create(model="tiny-embed", messages=hi, max_tokens=2)
 
 
 @pytest.mark.parametrize(
