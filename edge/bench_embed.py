@@ -102,9 +102,11 @@ def _edge(model: str, backend: str, texts: list[str], threads: int | None, preci
     t0 = time.perf_counter()
     m = load_embedder(model, backend=backend, precision=precision, n_threads=threads)
     load = time.perf_counter() - t0
-    n_tokens = sum(len(s) for s in m.tokenize(texts))
-    m.embed(texts[:32])  # first-run costs
-    best = _time(lambda: m.embed(texts), repeat)
+    n_tokens = sum(
+        len(s) for s in m.tokenize(texts, truncate=True)
+    )  # cut to the model's length, as llama.cpp
+    m.embed(texts[:32], truncate=True)  # first-run costs
+    best = _time(lambda: m.embed(texts, truncate=True), repeat)
     query = _latency_ms(lambda: m.embed(QUERY))
     return EmbedBench(backend, len(texts) / best, n_tokens / best, query, load), m
 

@@ -142,3 +142,14 @@ def test_real_model_ranks_as_the_reference(minilm_exact: edge.EmbeddingModel) ->
     theirs = np.argsort(-(ref_q @ ref_docs.T), axis=1)
     assert (ours == theirs).all()
     assert list(ours[:, 0]) == [0, 1, 2]  # and the ranking is the sensible one
+
+
+def test_bench_embed_measures_each_backend(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    from edge.bench_embed import run_embed_bench
+
+    folder = write_tiny_folder(tmp_path / "t")
+    results = run_embed_bench(str(folder), ("ort", "openvino", "llamacpp"), sentences=16, threads=1, repeat=1)
+    assert [r.backend for r in results] == ["ort", "openvino", "llamacpp"]
+    for r in results:
+        assert r.sentences_s > 0 and r.tokens_s > r.sentences_s and r.query_ms > 0 and r.load_s >= 0
