@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,14 @@ def _openvino(model: Any, opts: EncoderOptions) -> Any:
         path = os.path.join(tmp, "encoder.onnx")
         Path(path).write_bytes(model.SerializeToString())
         compiled = core.compile_model(core.read_model(path), "CPU", config)
-    request = compiled.create_infer_request()
+    # NOTE: an InferRequest is not safe to share between threads (the server embeds in a thread pool): one per
+    # thread, on the one compiled model
+    local = threading.local()
 
     def run(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        request = getattr(local, "request", None)
+        if request is None:
+            request = local.request = compiled.create_infer_request()
         out = request.infer({"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
         return next(iter(out.values())).copy()
 

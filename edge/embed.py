@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from edge.devices.encoder import EncoderOptions, EncoderRunner, open_encoder, resolve_backend
-from edge.errors import ContextOverflowError, TokenizerError
+from edge.errors import ContextOverflowError, EdgeError, TokenizerError
 from edge.models.encoder_folder import EncoderSource
 from edge.models.encoder_source import check_encoder
 from edge.models.store import PullProgress
@@ -35,7 +35,7 @@ class EmbeddingModel:
     def __init__(self, name: str, folder: EncoderSource, runner: EncoderRunner) -> None:
         self.name = name
         self.folder = folder
-        self._runner = runner
+        self._runner: EncoderRunner | None = runner
         self.dim = folder.config.hidden
         self.max_tokens = folder.max_seq_length
         self.vocab_size = folder.config.vocab_size
@@ -104,6 +104,8 @@ class EmbeddingModel:
         return out
 
     def _forward(self, seqs: list[Sequence[int]]) -> np.ndarray:
+        if self._runner is None:
+            raise EdgeError(f"{self.name} is closed")
         width = max(len(s) for s in seqs)
         ids = np.zeros((len(seqs), width), np.int64)
         mask = np.zeros_like(ids)
@@ -114,7 +116,7 @@ class EmbeddingModel:
 
     # -- lifetime ----------------------------------------------------------------------------------------
     def close(self) -> None:
-        self._runner = None  # type: ignore[assignment]
+        self._runner = None
 
     def __enter__(self) -> EmbeddingModel:
         return self

@@ -71,6 +71,9 @@ class Embedders:
         from edge.models.store import is_verified
 
         key = _key(name)
+        loaded = self._loaded.get(key)  # no wait behind another model's load
+        if loaded is not None:
+            return loaded
         with self._lock:
             if key in self._loaded:
                 return self._loaded[key]

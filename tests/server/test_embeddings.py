@@ -117,3 +117,21 @@ def test_langchain_and_openai_on_the_real_model() -> None:
             client(server).embeddings.create(model="all-minilm", input=[[31373, 995, 50256]])
     finally:
         server.stop()
+
+
+def test_concurrent_requests_each_get_their_own_vectors(both: tuple[Server, Path]) -> None:
+    """The server embeds in a thread pool: requests at once on one model must not mix their results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, folder = both
+    texts = [f"the cat sat on {'a ' * (i % 5)}mat" for i in range(24)]
+    with edge.load_embedder(folder, n_threads=1) as m:
+        expected = m.embed(texts)
+    c = client(server)
+
+    def one(i: int) -> np.ndarray:
+        return np.array(c.embeddings.create(model="tiny-embed", input=texts[i]).data[0].embedding)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(one, range(len(texts))))
+    assert all(np.allclose(g, e, atol=1e-5) for g, e in zip(got, expected, strict=True))
