@@ -98,7 +98,9 @@ def _latency_ms(fn: Any) -> float:
     return statistics.median(runs) * 1e3
 
 
-def _edge(model: str, backend: str, texts: list[str], threads: int | None, precision: str, repeat: int) -> tuple[EmbedBench, EmbeddingModel]:  # fmt: skip
+def _edge(
+    model: str, backend: str, texts: list[str], threads: int | None, precision: str, repeat: int
+) -> tuple[EmbedBench, EmbeddingModel]:
     t0 = time.perf_counter()
     m = load_embedder(model, backend=backend, precision=precision, n_threads=threads)
     load = time.perf_counter() - t0
@@ -121,7 +123,8 @@ def _llamacpp(m: EmbeddingModel, texts: list[str], threads: int | None, repeat: 
     path = write_bert_gguf(m.folder, tmp / f"{m.name}.f16.gguf", dtype="f16")
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(
-        str(path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512,  # a larger batch costs it more (attention over the whole batch)
+        # a larger batch costs it more: its attention spans the whole batch
+        str(path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512,
         n_threads=threads, n_threads_batch=threads, verbose=False,
     )  # fmt: skip
     load = time.perf_counter() - t0

@@ -146,13 +146,13 @@ def load_embedder(
     on_progress: PullProgress | None = None,
 ) -> EmbeddingModel:
     """Open an embedding model: a catalog name (`all-minilm-l6-v2`, alias `all-minilm`; pulled and checked on
-        first use) or a sentence-transformers folder. `backend`: auto (OpenVINO where installed: the faster here,
-    else ONNX Runtime) | ort | openvino. `precision`: "fast" (int8
-        matrix products where the runtime has them; cosine >= 0.999 to a float64 forward) or "exact" (fp32).
+    first use), a sentence-transformers folder or a BERT GGUF. `backend`: auto (OpenVINO where installed, the
+    faster here; else ONNX Runtime) | ort | openvino. `precision`: "fast" (int8 where it holds cosine >= 0.999
+    to a float64 forward: OpenVINO; fp32 on ORT) or "exact" (fp32).
 
-        >>> import edge
-        >>> with edge.load_embedder("all-minilm") as m:                    # doctest: +SKIP
-        ...     vectors = m.embed(["a cat", "a dog"])                       # [2, 384], unit length
+    >>> import edge
+    >>> with edge.load_embedder("all-minilm") as m:                    # doctest: +SKIP
+    ...     vectors = m.embed(["a cat", "a dog"])                       # [2, 384], unit length
     """
     from edge.models.encoder_graph import build_encoder
 

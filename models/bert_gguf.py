@@ -51,7 +51,8 @@ def write_bert_gguf(f: EncoderFolder, path: Path, *, dtype: str = "f16") -> Path
     w.add_layer_norm_eps(cfg.eps)
     w.add_causal_attention(False)
     w.add_pooling_type(gguf.PoolingType(_POOLING[f.pooling.mode]))
-    types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}  # fmt: skip
+    ft = gguf.LlamaFileType
+    types = {"f32": ft.ALL_F32, "f16": ft.MOSTLY_F16, "q8_0": ft.MOSTLY_Q8_0}
     w.add_file_type(types[dtype])
     _vocab(w, f)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BERT, cfg.n_layer)
@@ -86,7 +87,14 @@ def _vocab(w, f: EncoderFolder) -> None:  # type: ignore[no-untyped-def]
     w.add_token_list([_phantom(t) for t in tokens])
     w.add_token_types([control if t in _SPECIALS else normal for t in tokens])
     w.add_token_type_count(f.config.type_vocab)
-    for token, add in (("[CLS]", w.add_bos_token_id), ("[SEP]", w.add_sep_token_id), ("[UNK]", w.add_unk_token_id), ("[PAD]", w.add_pad_token_id), ("[MASK]", w.add_mask_token_id)):  # fmt: skip
+    setters = (
+        ("[CLS]", w.add_bos_token_id),
+        ("[SEP]", w.add_sep_token_id),
+        ("[UNK]", w.add_unk_token_id),
+        ("[PAD]", w.add_pad_token_id),
+        ("[MASK]", w.add_mask_token_id),
+    )
+    for token, add in setters:
         if token in vocab:
             add(vocab[token])
     w.add_add_bos_token(True)
@@ -154,7 +162,8 @@ def open_bert_gguf(path: str | Path) -> BertGGUF:
     if not isinstance(tokens, list) or not tokens:
         raise ModelFormatError(f"{where}: no tokenizer.ggml.tokens")
     raw = {
-        "model_type": "bert", "vocab_size": len(tokens), "hidden_size": _meta(md, "bert.embedding_length", where),
+        "model_type": "bert", "vocab_size": len(tokens),
+        "hidden_size": _meta(md, "bert.embedding_length", where),
         "num_hidden_layers": _meta(md, "bert.block_count", where),
         "num_attention_heads": _meta(md, "bert.attention.head_count", where),
         "intermediate_size": _meta(md, "bert.feed_forward_length", where),
@@ -171,9 +180,13 @@ def open_bert_gguf(path: str | Path) -> BertGGUF:
         if name is None or info is None:
             raise ModelFormatError(f"{where}: no tensor {name or hf!r}")
         if info.ggml_type not in _WEIGHT_TYPES:
-            raise ModelFormatError(f"{where}: {name} has ggml type {info.ggml_type}; edge's encoder takes {sorted(_WEIGHT_TYPES.values())}")  # fmt: skip
+            known = sorted(_WEIGHT_TYPES.values())
+            raise ModelFormatError(
+                f"{where}: {name} has ggml type {info.ggml_type}; edge's encoder takes {known}"
+            )
         if tuple(reversed(info.shape)) != shape:
-            raise ModelFormatError(f"{where}: {name} has shape {list(reversed(info.shape))}, the metadata says {list(shape)}")  # fmt: skip
+            got = list(reversed(info.shape))
+            raise ModelFormatError(f"{where}: {name} has shape {got}, the metadata says {list(shape)}")
         names[hf] = name
     extra = set(g.tensors) - set(names.values())
     if extra:

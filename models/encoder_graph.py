@@ -86,12 +86,14 @@ def _embeddings(g: _G, f: EncoderSource) -> str:
     words = g.op(
         "Gather", g.const("word_embeddings", f.weight("embeddings.word_embeddings.weight")), "input_ids"
     )
-    types = g.op("Gather", g.const("type_embeddings", f.weight("embeddings.token_type_embeddings.weight")), "token_type_ids")  # fmt: skip
+    type_table = g.const("type_embeddings", f.weight("embeddings.token_type_embeddings.weight"))
+    types = g.op("Gather", type_table, "token_type_ids")
     # positions 0..s-1 on every row, [b, s]: a cumulative sum of ones (no scalar shape arithmetic)
     ones = g.op("ConstantOfShape", g.op("Shape", "input_ids"), value=g.h.make_tensor("one", 7, [1], [1]))
     one = g.const("one_i", np.array(1, np.int64))
     positions = g.op("Sub", g.op("CumSum", ones, one), one)
-    pos = g.op("Gather", g.const("position_embeddings", f.weight("embeddings.position_embeddings.weight")), positions)  # fmt: skip
+    pos_table = g.const("position_embeddings", f.weight("embeddings.position_embeddings.weight"))
+    pos = g.op("Gather", pos_table, positions)
     return g.norm(g.op("Add", g.op("Add", words, types), pos), f, "embeddings.LayerNorm")
 
 
@@ -99,7 +101,10 @@ def _fused_attention(g: _G, f: EncoderSource, x: str, lay: str) -> str:
     """ONNX Runtime's MultiHeadAttention (com.microsoft): one kernel for the heads' scores, the padding mask
     (key_padding_mask [b, s]) and the softmax, on [b, s, d] Q/K/V as the linears give them."""
     name = f"{lay}attention.self"
-    q, k, v = (g.linear(x, f.weight(f"{name}.{t}.weight"), f.weight(f"{name}.{t}.bias"), f"{name}.{t}") for t in ("query", "key", "value"))  # fmt: skip
+    q, k, v = (
+        g.linear(x, f.weight(f"{name}.{t}.weight"), f.weight(f"{name}.{t}.bias"), f"{name}.{t}")
+        for t in ("query", "key", "value")
+    )
     ctx = g.op(
         "MultiHeadAttention", q, k, v, "", "mask_i32", domain="com.microsoft", num_heads=f.config.n_head
     )
@@ -121,7 +126,8 @@ def _attention(g: _G, f: EncoderSource, x: str, mask: str, lay: str) -> str:
     scale = g.const("attn_scale", np.array(1.0 / math.sqrt(cfg.head_dim), np.float32))
     scores = g.op("Add", g.op("Mul", g.op("MatMul", q, k), scale), mask)  # [b, h, s, s]
     ctx = g.op("MatMul", g.op("Softmax", scores, axis=-1), v)  # [b, h, s, hd]
-    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), g.const("merge_shape", np.array([0, 0, cfg.hidden], np.int64)))  # fmt: skip
+    merge_shape = g.const("merge_shape", np.array([0, 0, cfg.hidden], np.int64))
+    merged = g.op("Reshape", g.op("Transpose", ctx, perm=[0, 2, 1, 3]), merge_shape)
     out = f"{lay}attention.output"
     y = g.linear(merged, f.weight(f"{out}.dense.weight"), f.weight(f"{out}.dense.bias"), f"{out}.dense")
     return g.norm(g.op("Add", y, x), f, f"{out}.LayerNorm")
@@ -132,7 +138,8 @@ def _feed_forward(g: _G, f: EncoderSource, x: str, lay: str) -> str:
     h = g.linear(x, f.weight(f"{name}.weight"), f.weight(f"{name}.bias"), name)
     # exact GELU: 0.5 x (1 + erf(x / sqrt 2)) (ONNX Runtime fuses the pattern)
     erf = g.op("Erf", g.op("Mul", h, g.const("inv_sqrt2", np.array(1 / math.sqrt(2), np.float32))))
-    gelu = g.op("Mul", g.op("Mul", h, g.const("half", np.array(0.5, np.float32))), g.op("Add", erf, g.const("one_f", np.array(1.0, np.float32))))  # fmt: skip
+    half_h = g.op("Mul", h, g.const("half", np.array(0.5, np.float32)))
+    gelu = g.op("Mul", half_h, g.op("Add", erf, g.const("one_f", np.array(1.0, np.float32))))
     name = f"{lay}output.dense"
     y = g.linear(gelu, f.weight(f"{name}.weight"), f.weight(f"{name}.bias"), name)
     return g.norm(g.op("Add", y, x), f, f"{lay}output.LayerNorm")
@@ -146,17 +153,21 @@ def _pool(g: _G, f: EncoderSource, h: str, m: str) -> str:
     if mode == "cls":
         # NOTE: a Slice, not a Gather of index 0: ORT's optimizer rewrites a scalar-index Gather into a Slice
         # it then runs wrongly (a [b, 1, d] result, or "Starts must be a 1-D array")
-        first = g.op("Slice", h, g.const("zero_1", np.array([0], np.int64)), g.const("one_1", np.array([1], np.int64)), axis1)  # fmt: skip
+        start, end = g.const("zero_1", np.array([0], np.int64)), g.const("one_1", np.array([1], np.int64))
+        first = g.op("Slice", h, start, end, axis1)
         return g.op("Squeeze", first, axis1)
     if mode == "max":
-        masked = g.op("Add", h, g.op("Mul", g.op("Sub", m3, "one_f"), g.const("big", np.array(1e9, np.float32))))  # fmt: skip
+        pad_shift = g.op("Mul", g.op("Sub", m3, "one_f"), g.const("big", np.array(1e9, np.float32)))
+        masked = g.op("Add", h, pad_shift)
         return g.op("ReduceMax", masked, axis1, keepdims=0)
     total = g.op("ReduceSum", g.op("Mul", h, m3), axis1, keepdims=0)
     count = g.op("Max", g.op("ReduceSum", m3, axis1, keepdims=0), g.const("tiny", np.array(1e-9, np.float32)))
     return g.op("Div", total, count)
 
 
-def build_encoder(f: EncoderSource, *, fused: bool = False, int8_weights: bool = False):  # type: ignore[no-untyped-def]
+def build_encoder(  # type: ignore[no-untyped-def]
+    f: EncoderSource, *, fused: bool = False, int8_weights: bool = False
+):
     """The encoder of folder `f` as an onnx.ModelProto (weights inline: a BERT-base is ~0.4 GB). `fused`:
     attention as ONNX Runtime's MultiHeadAttention kernel (ORT only; else standard ONNX ops throughout).
     `int8_weights`: the linears' weights as int8 codes, a scale per 32 inputs (OpenVINO reads the pattern as
@@ -167,7 +178,9 @@ def build_encoder(f: EncoderSource, *, fused: bool = False, int8_weights: bool =
     h = g.h
     m = g.op("Cast", "attention_mask", to=TensorProto.FLOAT)  # [b, s]
     axes = g.const("axes_12", np.array([1, 2], np.int64))
-    mask = g.op("Mul", g.op("Sub", g.op("Unsqueeze", m, axes), g.const("one_f", np.array(1.0, np.float32))), g.const("neg", np.array(-_NEG, np.float32)))  # fmt: skip
+    # 0 over real keys, _NEG over padding: (m - 1) * -_NEG, [b, 1, 1, s]
+    shifted = g.op("Sub", g.op("Unsqueeze", m, axes), g.const("one_f", np.array(1.0, np.float32)))
+    mask = g.op("Mul", shifted, g.const("neg", np.array(-_NEG, np.float32)))
     x = _embeddings(g, f)
     if fused:
         g.nodes.append(
@@ -182,7 +195,8 @@ def build_encoder(f: EncoderSource, *, fused: bool = False, int8_weights: bool =
         norm = g.op("ReduceL2", pooled, g.const("axis_m1", np.array([-1], np.int64)), keepdims=1)
         pooled = g.op("Div", pooled, g.op("Max", norm, g.const("eps12", np.array(1e-12, np.float32))))
     g.nodes.append(h.make_node("Identity", [pooled], ["embeddings"], name="out"))
-    ids = [h.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    ids = [h.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in names]
     out = h.make_tensor_value_info("embeddings", TensorProto.FLOAT, ["batch", f.config.hidden])
     graph = h.make_graph(g.nodes, "bert_encoder", ids, [out], g.inits)
     opsets = [h.make_opsetid("", OPSET)] + ([h.make_opsetid("com.microsoft", 1)] if fused else [])

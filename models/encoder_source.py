@@ -30,7 +30,8 @@ def embedding_names() -> list[str]:
 
 
 def is_embedding_model(ref: str) -> bool:
-    """Whether a MODEL argument names an embedding model (a catalog one, or a sentence-transformers folder)."""
+    """Whether a MODEL argument names an embedding model (a catalog one, a sentence-transformers folder, a
+    BERT GGUF)."""
     entry = lookup(ref)
     if entry is not None:
         return entry.embedding

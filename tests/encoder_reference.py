@@ -50,11 +50,15 @@ def reference_embedding(f: EncoderSource, ids: list[int]) -> np.ndarray:
         def lin(v: np.ndarray, name: str, p: str = p) -> np.ndarray:
             return v @ w(f"{p}{name}.weight").T + w(f"{p}{name}.bias")
 
-        q, k, v = (lin(x, f"attention.self.{t}").reshape(n, h, hd).transpose(1, 0, 2) for t in ("query", "key", "value"))  # fmt: skip
+        q, k, v = (
+            lin(x, f"attention.self.{t}").reshape(n, h, hd).transpose(1, 0, 2)
+            for t in ("query", "key", "value")
+        )
         s = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
         s = np.exp(s - s.max(-1, keepdims=True))
         ctx = ((s / s.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(n, cfg.hidden)
-        x = _ln(lin(ctx, "attention.output.dense") + x, w(f"{p}attention.output.LayerNorm.weight"), w(f"{p}attention.output.LayerNorm.bias"), cfg.eps)  # fmt: skip
+        norm = f"{p}attention.output.LayerNorm"
+        x = _ln(lin(ctx, "attention.output.dense") + x, w(f"{norm}.weight"), w(f"{norm}.bias"), cfg.eps)
         ff = lin(_gelu(lin(x, "intermediate.dense")), "output.dense")
         x = _ln(ff + x, w(f"{p}output.LayerNorm.weight"), w(f"{p}output.LayerNorm.bias"), cfg.eps)
     mode = f.pooling.mode

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,7 +89,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_folder(tmp_path_factory.mktemp("st") / "tiny")
 
 
-def _edited(tiny: Path, tmp_path: Path, name: str, edit) -> Path:  # type: ignore[no-untyped-def]
+def _edited(tiny: Path, tmp_path: Path, name: str, edit: Callable[[Any], Any]) -> Path:
     folder = tmp_path / "f"
     shutil.copytree(tiny, folder)
     path = folder / name
@@ -117,7 +119,9 @@ def _edited(tiny: Path, tmp_path: Path, name: str, edit) -> Path:  # type: ignor
         ("sentence_bert_config.json", lambda s: {**s, "max_seq_length": 4096}, "max_seq_length"),
     ],
 )
-def test_folder_declarations_are_checked(tiny: Path, tmp_path: Path, name: str, edit, match: str) -> None:  # type: ignore[no-untyped-def]
+def test_folder_declarations_are_checked(
+    tiny: Path, tmp_path: Path, name: str, edit: Callable[[Any], Any], match: str
+) -> None:
     with pytest.raises(ModelFormatError, match=match):
         open_encoder_folder(_edited(tiny, tmp_path, name, edit))
 

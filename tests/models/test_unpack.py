@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from edge.errors import ChecksumError, ModelFormatError
-from edge.models.catalog import CATALOG
+from edge.models.catalog import CATALOG, CatalogEntry
 from edge.models.unpack import unpacked_folder
+
+Entry = tuple[CatalogEntry, bytes]
 
 
 @pytest.fixture
-def entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Entry:
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "cache" / "models").mkdir(parents=True)
     body = b"weights"
@@ -32,7 +34,7 @@ def _zip(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
-def test_unpacks_once_and_again_when_changed(entry, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_unpacks_once_and_again_when_changed(entry: Entry, tmp_path: Path) -> None:
     e, body = entry
     archive = _zip(tmp_path / "m.zip", {"model.safetensors": body, "1_Pooling/config.json": b"{}"})
     folder = unpacked_folder(e, archive)
@@ -45,7 +47,7 @@ def test_unpacks_once_and_again_when_changed(entry, tmp_path: Path) -> None:  # 
 
 
 @pytest.mark.parametrize("name", ["../evil.json", "/abs.json", "a\\..\\..\\b.json"])
-def test_members_outside_the_folder_are_refused(entry, tmp_path: Path, name: str) -> None:  # type: ignore[no-untyped-def]
+def test_members_outside_the_folder_are_refused(entry: Entry, tmp_path: Path, name: str) -> None:
     e, body = entry
     archive = _zip(tmp_path / "m.zip", {"model.safetensors": body, name: b"x"})
     with pytest.raises(ModelFormatError, match="outside its folder"):
@@ -53,7 +55,7 @@ def test_members_outside_the_folder_are_refused(entry, tmp_path: Path, name: str
     assert not (tmp_path / "evil.json").exists()
 
 
-def test_a_member_with_the_wrong_hash_is_refused(entry, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_member_with_the_wrong_hash_is_refused(entry: Entry, tmp_path: Path) -> None:
     e, _ = entry
     archive = _zip(tmp_path / "m.zip", {"model.safetensors": b"other"})
     with pytest.raises(ChecksumError, match=r"model\.safetensors has sha256"):
