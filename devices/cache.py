@@ -30,7 +30,7 @@ from edge.devices.graph_decoder import GRAPH_FORMAT
 from edge.devices.partitioned import COMPILED_SOURCE, compile_cache_dir
 from edge.devices.planned import PLAN_FORMAT
 from edge.errors import EdgeError, ModelNotFoundError
-from edge.models.catalog import CATALOG, near_names
+from edge.models.catalog import CATALOG, lookup, near_names
 from edge.models.jsonstore import read_json
 from edge.models.store import cache_dir, model_path
 
@@ -334,7 +334,7 @@ def remove_model(model: str) -> Removal:
     """A catalog model: its file, its verified marker and everything built from it. A path (a .gguf or an
     `edge convert` folder, present or not): only what edge built from it, never the file itself."""
     entries = scan()
-    entry = CATALOG.get(model)
+    entry = lookup(model)
     if entry is None:
         path = Path(model).expanduser()
         if not path.exists() and not _looks_like_path(model):
@@ -350,6 +350,11 @@ def remove_model(model: str) -> Removal:
                 size = path.stat().st_size
                 _delete(path)
                 removed.append((path, size, why))
+        unpacked = file.with_suffix("")  # an embedding model's folder (models/unpack.py)
+        if entry.embedding and unpacked.is_dir():
+            size = _tree(unpacked)[0]
+            _delete(unpacked)
+            removed.append((unpacked, size, "its unpacked folder"))
     return Removal(tuple(removed))
 
 

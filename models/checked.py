@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from edge.errors import ModelFormatError
 from edge.models.arch import check_block_count
 from edge.models.artifact import Artifact, is_artifact, open_artifact
-from edge.models.catalog import CATALOG, DEFAULT_MODEL
+from edge.models.catalog import CATALOG, DEFAULT_MODEL, lookup
 from edge.models.gguf_file import GGUFFile, open_gguf
 from edge.models.resolve import resolve_model
 from edge.models.store import PullProgress
@@ -61,6 +62,12 @@ def check_model(
     convert` directory; None: the default model) and check it. Raises ModelNotFoundError, ModelFormatError or
     TokenizerError, in bounded time and memory, before anything native has read the file."""
     ref = DEFAULT_MODEL if model is None else os.fspath(model)
+    entry = lookup(ref)
+    if entry is not None and entry.embedding:
+        raise ModelFormatError(
+            f"{entry.name} is an embedding model: it makes vectors, not text",
+            hint="use edge.load_embedder, `edge embed` or /v1/embeddings",
+        )
     path = resolve_model(ref, pull_missing=pull_missing, on_progress=on_progress)
     return _check_path(path, ref if ref in CATALOG else path.name)
 

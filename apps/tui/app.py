@@ -417,7 +417,7 @@ class ChatApp(App[None]):
     def action_settings(self) -> None:
         from edge.models.catalog import CATALOG
 
-        models = [(model_label(e), e.name) for e in CATALOG.values()]
+        models = [(model_label(e), e.name) for e in CATALOG.values() if not e.embedding]
         devices = self.devices or ["llamacpp:cpu"]
         screen = SettingsScreen(self.settings, models, devices, self._system_default())
         self.push_screen(screen, self._apply_settings)

@@ -40,6 +40,7 @@ from edge.server.core import (
     wait_or_gone,
 )
 from edge.server.drain import Drain
+from edge.server.embeddings import embedding_routes
 from edge.server.registry import Registry
 from edge.server.scheduler import Failed, Job
 from edge.server.security import Guard
@@ -251,6 +252,7 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         *responses.routes(core),  # the other protocols, each a translation over the same core
         *anthropic.routes(core),
         *ollama.routes(core),
+        *embedding_routes(config, registry),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
 

@@ -83,6 +83,7 @@ class Registry:
         self._known: dict[str, _Known] = {}
         self._keep: dict[str, float | None] = {}  # a request's own keep-alive per model (seconds; None: ever)
         self._wanted: dict[str, float] = {}  # when a request last asked for each model (time.monotonic())
+        self._embedders: list[str] = []  # the embeddings route's models: listed, answered there only
         self.created = int(time.time())
 
     # -- names -----------------------------------------------------------------------------------
@@ -90,21 +91,32 @@ class Registry:
         from edge.models.catalog import CATALOG
         from edge.models.store import is_verified
 
-        return [name for name, entry in CATALOG.items() if is_verified(entry)]
+        return [name for name, entry in CATALOG.items() if not entry.embedding and is_verified(entry)]
+
+    def list_embedders(self, names: list[str]) -> None:
+        """Embedding models served by /v1/embeddings (edge/server/embeddings.py): in `names()` (so /v1/models
+        lists them), a 400 saying so when a chat or completion request names one."""
+        self._embedders = list(names)
+
+    def chat_names(self) -> list[str]:
+        return [n for n in self.names() if n not in self._embedders]
 
     def names(self) -> list[str]:
         """Model ids a request may name."""
         names = list(self._known)
         if self.config.models_max > sum(k.pinned for k in self._known.values()):
             names += [n for n in self._catalog_pulled() if n not in names]
-        return names
+        return names + [n for n in self._embedders if n not in names]
 
     # -- loading ---------------------------------------------------------------------------------
     def start(self) -> None:
         """Load the models named at start (the catalog default when none is)."""
         from edge.models.catalog import DEFAULT_MODEL
+        from edge.models.encoder_source import is_embedding_model
 
-        for ref in self.config.models or (DEFAULT_MODEL,):
+        # embedding models are the embeddings route's (edge/server/embeddings.py); named alone, no chat model
+        chat = [ref for ref in self.config.models if not is_embedding_model(ref)]
+        for ref in chat if self.config.models else (DEFAULT_MODEL,):
             sched = self._load(ref)
             self._known[sched.name] = _Known(ref, pinned=True)
             self._loaded[sched.name] = sched
@@ -207,6 +219,10 @@ class Registry:
         sched = self._loaded.get(name)
         if sched is not None:
             return sched
+        if name in self._embedders:
+            from edge.server.unsupported import UnsupportedValue
+
+            raise UnsupportedValue("model", f"{name} is an embedding model: POST /v1/embeddings")
         if name not in self.names():
             raise ModelNotFoundError(
                 f"the model {name!r} does not exist on this server",
