@@ -40,7 +40,8 @@ from edge.server.core import (
     wait_or_gone,
 )
 from edge.server.drain import Drain
-from edge.server.embeddings import embedding_routes
+from edge.server.embeddings import embedding_routes, start_embedders
+from edge.server.ollama_embed import ollama_embed_routes
 from edge.server.registry import Registry
 from edge.server.scheduler import Failed, Job
 from edge.server.security import Guard
@@ -244,6 +245,7 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         reaping.cancel()
         await run_in_threadpool(registry.close)  # cancels what still runs, frees the models
 
+    embedders = start_embedders(config, registry)
     routes = [
         Route("/health", h.health, methods=["GET"]),
         Route("/v1/models", h.models, methods=["GET"]),
@@ -252,7 +254,8 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         *responses.routes(core),  # the other protocols, each a translation over the same core
         *anthropic.routes(core),
         *ollama.routes(core),
-        *embedding_routes(config, registry),
+        *embedding_routes(embedders, registry),
+        *ollama_embed_routes(embedders),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
 

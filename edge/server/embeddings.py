@@ -25,7 +25,7 @@ from edge.errors import ContextOverflowError, EdgeError, ModelFormatError, Model
 from edge.server.config import ServerConfig
 from edge.server.protocol import error_body
 
-__all__ = ["MAX_INPUTS", "Embedders", "EmbeddingRequest", "embedding_routes"]
+__all__ = ["MAX_INPUTS", "Embedders", "EmbeddingRequest", "embedding_routes", "start_embedders"]
 
 log = logging.getLogger("edge.server")
 
@@ -188,10 +188,14 @@ def _encode(v: Any, fmt: str) -> Any:
     return [float(x) for x in v]
 
 
-def embedding_routes(config: ServerConfig, registry: Any) -> list[Route]:
-    """The embeddings route, its models loaded now (those `config.models` names that are embedding models)."""
+def start_embedders(config: ServerConfig, registry: Any) -> Embedders:
+    """The server's embedding models, loaded now (those `config.models` names that are embedding models)."""
     embedders = Embedders(config)
     embedders.start()
     registry.list_embedders(embedders.names())
+    return embedders
+
+
+def embedding_routes(embedders: Embedders, registry: Any) -> list[Route]:
     handler = EmbeddingsHandler(embedders, registry.chat_names)
     return [Route("/v1/embeddings", handler.handle, methods=["POST"])]

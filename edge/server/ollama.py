@@ -410,7 +410,7 @@ def routes(core: Core) -> list[Route]:
         Route("/api/show", api.show, methods=["POST"]),
         Route("/api/chat", api.chat, methods=["POST"]),
         Route("/api/generate", api.generate, methods=["POST"]),
-        # /api/embed and /api/embeddings come with the embeddings endpoint (issue 45), beside these
+        # /api/embed and /api/embeddings: edge/server/ollama_embed.py, beside /v1/embeddings' models
         *(
             Route(f"/api/{what}", api.refuse, methods=["POST", "DELETE"])
             for what in ("create", "copy", "push", "pull", "delete")

@@ -135,3 +135,30 @@ def test_concurrent_requests_each_get_their_own_vectors(both: tuple[Server, Path
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(one, range(len(texts))))
     assert all(np.allclose(g, e, atol=1e-5) for g, e in zip(got, expected, strict=True))
+
+
+def test_ollama_client_embeds_through_api_embed(both: tuple[Server, Path]) -> None:
+    """The real `ollama` client: `embed` (a list, and `NAME:latest`) and the older `embeddings`; inputs past
+    the model's maximum are cut as Ollama cuts them unless `truncate` is false; options are refused."""
+    import ollama
+
+    server, folder = both
+    texts = ["the cat sat", "a dog"]
+    with edge.load_embedder(folder, n_threads=1) as m:
+        local = m.embed(texts)
+        limit = m.max_tokens
+    c = ollama.Client(host=server.url)
+    r = c.embed(model="tiny-embed:latest", input=texts)
+    assert np.allclose(np.array(r.embeddings), local, atol=1e-6)
+    assert r.prompt_eval_count and r.prompt_eval_count > 0
+    old = c.embeddings(model="tiny-embed", prompt="a dog")
+    assert np.allclose(old.embedding, local[1], atol=1e-6)
+    long_text = " ".join(["cat"] * (limit + 20))
+    assert len(c.embed(model="tiny-embed", input=long_text).embeddings[0]) == local.shape[1]
+    with pytest.raises(ollama.ResponseError, match="at most"):
+        c.embed(model="tiny-embed", input=long_text, truncate=False)
+    with pytest.raises(ollama.ResponseError, match="options"):
+        c.embed(model="tiny-embed", input="a dog", options={"num_ctx": 64})
+    with pytest.raises(ollama.ResponseError) as missing:
+        c.embed(model="no-such-model", input="a dog")
+    assert missing.value.status_code == 404
