@@ -106,6 +106,15 @@ def test_simd_paths_agree_with_portable() -> None:
                 assert np.all(np.abs(matmul(x, w, t, isa=isa) - base) <= 1e-5 * scale)
 
 
+@pytest.mark.parametrize("isa", _isas())
+def test_nan_and_inf_activations_give_nan_never_numbers(isa: str) -> None:
+    w = _blocks(T.Q4_K, 3, 512, np.random.default_rng(2), scale=1e-2)
+    x = np.random.default_rng(3).standard_normal((3, 512)).astype(np.float32)
+    x[0, 7], x[1, 300] = np.nan, np.inf
+    got = matmul(x, w, T.Q4_K, isa=isa)
+    assert np.isnan(got[:2]).all() and np.isfinite(got[2]).all()
+
+
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("isa", _isas())
 def test_a_row_gives_the_same_bits_alone_and_among_others(t: T, isa: str) -> None:

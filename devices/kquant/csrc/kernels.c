@@ -61,11 +61,15 @@ static inline int32_t mins_term(const uint8_t mn[8], const int16_t *bsums) {
 
 static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
     for (int64_t b = 0; b < k / KQ_QK; b++, x += KQ_QK) {
-        float amax = 0.0f;
-        for (int i = 0; i < KQ_QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float amax = 0.0f; /* NOTE: not fmaxf, a libm call per value without -ffast-math */
+        for (int i = 0; i < KQ_QK; i++) {
+            const float a = fabsf(x[i]);
+            amax = a > amax || a != a ? a : amax; /* a NaN stays */
+        }
         kq_block_q8 *out = &y[b];
-        if (!(amax > 0.0f)) { /* all zero (or NaN: the product is then zero too, never garbage) */
+        if (!(amax > 0.0f) || !isfinite(amax)) { /* all zero: zero products; NaN or inf: NaN ones, not garbage */
             memset(out, 0, sizeof *out);
+            out->d = amax > 0.0f || amax != amax ? NAN : 0.0f;
             continue;
         }
         const float iscale = 127.0f / amax;
@@ -91,6 +95,7 @@ static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
             for (int i = 0; i < 16; i++) s += out->qs[16 * g + i];
             out->bsums[g] = (int16_t)s;
         }
+        for (int j = 0; j < KQ_QK / 32; j++) out->bsums32[j] = (int16_t)(out->bsums[2 * j] + out->bsums[2 * j + 1]);
     }
 }
 
@@ -179,23 +184,33 @@ static float dot_q6_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
 #include "kernels_simd.h"
 
 /* NOTE: one row alone and the same row among others must give the same bits (batch-invariant rows, which
- * greedy speculative decoding relies on): each type's single-row kernel and its rows-at-once kernel sum in
- * the same order. AVX-512 takes Q6_K (faster there: 17 against 11 GB/s in cache, one core); its Q4_K/Q5_K
- * were no faster than AVX2's, which also has the 4-row kernel, so the AVX-512 build keeps AVX2's for them. */
+ * greedy speculative decoding relies on): a single-row kernel is its type's rows kernel with one row. */
 #if defined(__AVX2__)
-static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx2(w, y, nb, 0); }
-static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_avx2(w, y, nb, 1); }
+static float dot_q4_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+    float out;
+    dotn_q45_k_avx2(w, &y, 1, nb, 0, &out);
+    return out;
+}
+static float dot_q5_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+    float out;
+    dotn_q45_k_avx2(w, &y, 1, nb, 1, &out);
+    return out;
+}
+static inline void dotn_q6_k(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb, float *out) {
+#if defined(__AVX512BW__)
+    dotn_q6_k_avx512(w, ys, nr, nb, out); /* faster there: 17 against 11 GB/s in cache, one core */
+#else
+    dotn_q6_k_avx2(w, ys, nr, nb, out);
+#endif
+}
+static float dot_q6_k(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+    float out;
+    dotn_q6_k(w, &y, 1, nb, &out);
+    return out;
+}
 #else
 #define dot_q4_k dot_q4_k_c
 #define dot_q5_k dot_q5_k_c
-#endif
-#if defined(__AVX512BW__)
-#define dot_q6_k dot_q6_k_avx512
-#define KQ_Q6_ROWS_TOGETHER 0
-#elif defined(__AVX2__)
-#define dot_q6_k dot_q6_k_avx2
-#define KQ_Q6_ROWS_TOGETHER 1
-#else
 #define dot_q6_k dot_q6_k_c
 #endif
 
@@ -206,12 +221,7 @@ static void dotn(int type, const uint8_t *w, const kq_block_q8 *const *ys, int n
 #define KQ_CASE(n)                                                                                         \
     case n * 16 + KQ_Q4_K: dotn_q45_k_avx2(w, ys, n, nb, 0, out); return;                                   \
     case n * 16 + KQ_Q5_K: dotn_q45_k_avx2(w, ys, n, nb, 1, out); return;                                   \
-    case n * 16 + KQ_Q6_K:                                                                                  \
-        if (KQ_Q6_ROWS_TOGETHER) {                                                                          \
-            dotn_q6_k_avx2(w, ys, n, nb, out);                                                              \
-            return;                                                                                         \
-        }                                                                                                   \
-        break;
+    case n * 16 + KQ_Q6_K: dotn_q6_k(w, ys, n, nb, out); return;
         KQ_CASE(2) KQ_CASE(3) KQ_CASE(4)
 #undef KQ_CASE
     default: break;

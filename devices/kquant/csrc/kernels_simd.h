@@ -25,10 +25,8 @@ static inline __m128i scales_mins_simd(const uint8_t *q) {
 }
 
 /* sum_j m_j * (activation sum of sub-block j): 4 int32 lanes */
-static inline __m128i mins_simd(__m128i sm, const int16_t *bsums) {
-    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
-                                         _mm_loadu_si128((const __m128i *)(bsums + 8)));
-    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), pairs);
+static inline __m128i mins_simd(__m128i sm, const kq_block_q8 *y) {
+    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)), _mm_loadu_si128((const __m128i *)y->bsums32));
 }
 
 /* the 16-bit scale of sub-block j, in every lane (from the 8 scales widened to 16 bits, in both halves) */
@@ -40,49 +38,15 @@ static inline __m256i dot32(__m256i q, const int8_t *y, __m256i scale16) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)y)), scale16);
 }
 
-/* Q4_K and Q5_K differ only in the fifth bit: hbits NULL for Q4_K */
-static inline float dot_q45_k_avx2(const uint8_t *w, const kq_block_q8 *y, int64_t nb, int q5) {
-    const int bytes = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += bytes) {
-        const float d = y[b].d * _cvtsh_ss((uint16_t)(w[0] | (w[1] << 8)));
-        const float dmin = y[b].d * _cvtsh_ss((uint16_t)(w[2] | (w[3] << 8)));
-        const __m128i sm = scales_mins_simd(w + 4);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins_simd(sm, y[b].bsums)), accm);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-        const uint8_t *qs = w + (q5 ? 48 : 16);
-        const int8_t *ys = y[b].qs;
-        const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
-        __m256i isum = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (q5) {
-                const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
-                const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
-            }
-            isum = _mm256_add_epi32(isum, dot32(lo, ys + 64 * j, scale_of(sc, 2 * j)));
-            isum = _mm256_add_epi32(isum, dot32(hi, ys + 64 * j + 32, scale_of(sc, 2 * j + 1)));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-    }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum_ps(acc) - _mm_cvtss_f32(m);
-}
-
 /* Q6_K's offset term: sum_g sc_g * (activation sum of group g), 8 int32 lanes */
 static inline __m256i offsets_q6(const int8_t *sc, const int16_t *bsums) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
     return _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bsums));
 }
 
-/* The same for up to 4 activation rows at once (a prompt, a verify step): each weight block is decoded once
- * for all of them. nr is a constant at each call site, so the compiler unrolls the row loops. */
+/* Up to 4 activation rows against one weight row (one row: a decode step; more: a prompt, a verify step):
+ * each weight block is decoded once for all of them. nr is a constant at each call site, so the compiler
+ * unrolls the row loops. Q4_K and Q5_K differ only in the fifth bit (q5). */
 static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb,
                                    int q5, float *out) {
     const int bytes = q5 ? 176 : 144;
@@ -116,14 +80,11 @@ static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *y
         for (int r = 0; r < nr; r++) {
             const float yd = ys[r][b].d;
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yd), _mm256_cvtepi32_ps(isum[r]), acc[r]);
-            accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * yd), _mm_cvtepi32_ps(mins_simd(sm, ys[r][b].bsums)), accm[r]);
+            accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * yd), _mm_cvtepi32_ps(mins_simd(sm, &ys[r][b])), accm[r]);
         }
     }
-    for (int r = 0; r < nr; r++) {
-        __m128 m = _mm_add_ps(accm[r], _mm_movehl_ps(accm[r], accm[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < nr; r++) /* the mins' term into the low lanes: one horizontal sum a row */
+        out[r] = hsum_ps(_mm256_sub_ps(acc[r], _mm256_zextps128_ps256(accm[r])));
 }
 
 static inline void dotn_q6_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb,
@@ -163,37 +124,6 @@ static inline void dotn_q6_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys
     for (int r = 0; r < nr; r++) out[r] = hsum_ps(acc[r]);
 }
 
-static float dot_q6_k_avx2(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
-    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 210) {
-        const uint8_t *ql = w, *qh = w + 128;
-        const int8_t *sc = (const int8_t *)(w + 192), *ys = y[b].qs;
-        const float d = y[b].d * _cvtsh_ss((uint16_t)(w[208] | (w[209] << 8)));
-        __m256i isum = _mm256_mullo_epi32(offsets_q6(sc, y[b].bsums), _mm256_set1_epi32(-32));
-        for (int half = 0; half < 2; half++) {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)(qh + 32 * half));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * half));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * half + 32));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4)),
-            };
-            for (int i = 0; i < 4; i++) {
-                const int g = 8 * half + 2 * i; /* each 32 codes are two groups of 16, one scale each */
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-                isum = _mm256_add_epi32(isum, dot32(q[i], ys + 128 * half + 32 * i, s));
-            }
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
-    }
-    return hsum_ps(acc);
-}
 #endif
 
 #if defined(__AVX512BW__)
@@ -202,35 +132,47 @@ static inline __m512i dot64(__m512i q, const int8_t *y, __m512i scale16) {
     return _mm512_madd_epi16(_mm512_maddubs_epi16(q, _mm512_loadu_si512((const void *)y)), scale16);
 }
 
-static float dot_q6_k_avx512(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+static inline void dotn_q6_k_avx512(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb,
+                                    float *out) {
     const __m512i m4 = _mm512_set1_epi8(0xf), m2 = _mm512_set1_epi8(3);
     /* the high pairs: bits 0-1 / 2-3 for the first 64 codes of a half, 4-5 / 6-7 for the next */
     const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     const __m512i shift_b = _mm512_add_epi16(shift_a, _mm512_set1_epi16(4));
-    __m512 acc = _mm512_setzero_ps();
+    /* 16-bit lane i covers codes 2i, 2i + 1 of 64: group i / 8 of the four (qa), + 4 (qb) */
+    const __m512i lane_group = _mm512_srli_epi16(
+        _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9,
+                         8, 7, 6, 5, 4, 3, 2, 1, 0),
+        3);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0; b < nb; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
-        const float d = y[b].d * _cvtsh_ss((uint16_t)(w[208] | (w[209] << 8)));
+        const float d = _cvtsh_ss((uint16_t)(w[208] | (w[209] << 8)));
         const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
-        __m512i isum = _mm512_castsi256_si512(_mm256_mullo_epi32(offsets_q6(sc, y[b].bsums), _mm256_set1_epi32(-32)));
-        isum = _mm512_maskz_mov_epi32(0x00ff, isum);
+        __m512i isum[4];
+        for (int r = 0; r < nr; r++) {
+            const __m256i off = _mm256_mullo_epi32(offsets_q6(sc, ys[r][b].bsums), _mm256_set1_epi32(-32));
+            isum[r] = _mm512_maskz_mov_epi32(0x00ff, _mm512_castsi256_si512(off));
+        }
         for (int half = 0; half < 2; half++) {
             const __m512i l = _mm512_loadu_si512((const void *)(ql + 64 * half));
             const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qh + 32 * half)));
-            const __m512i qa = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_a), m2), 4));
-            const __m512i qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_b), m2), 4));
-            /* lane i of 16 bits covers codes 2i, 2i + 1: group 8 half + i / 8 (qa), + 4 (qb) */
-            const __m512i ga = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * half)),
-                                                _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3));
-            const __m512i gb = _mm512_add_epi16(ga, _mm512_set1_epi16(4));
-            isum = _mm512_add_epi32(isum, dot64(qa, y[b].qs + 128 * half, _mm512_permutexvar_epi16(ga, sc16)));
-            isum = _mm512_add_epi32(isum, dot64(qb, y[b].qs + 128 * half + 64, _mm512_permutexvar_epi16(gb, sc16)));
+            const __m512i qa = _mm512_or_si512(
+                _mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_a), m2), 4));
+            const __m512i qb =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, shift_b), m2), 4));
+            const __m512i ga = _mm512_add_epi16(_mm512_set1_epi16((short)(8 * half)), lane_group);
+            const __m512i sa = _mm512_permutexvar_epi16(ga, sc16);
+            const __m512i sb = _mm512_permutexvar_epi16(_mm512_add_epi16(ga, _mm512_set1_epi16(4)), sc16);
+            for (int r = 0; r < nr; r++) {
+                isum[r] = _mm512_add_epi32(isum[r], dot64(qa, ys[r][b].qs + 128 * half, sa));
+                isum[r] = _mm512_add_epi32(isum[r], dot64(qb, ys[r][b].qs + 128 * half + 64, sb));
+            }
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(isum), acc);
+        for (int r = 0; r < nr; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * ys[r][b].d), _mm512_cvtepi32_ps(isum[r]), acc[r]);
     }
-    return _mm512_reduce_add_ps(acc);
+    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 #endif

@@ -18,11 +18,12 @@
 /* GGML type ids (gguf.GGMLQuantizationType) */
 enum { KQ_Q4_K = 12, KQ_Q5_K = 13, KQ_Q6_K = 14 };
 
-/* activations: 256 int8 codes under one float scale, with the sums of each 16 codes */
+/* activations: 256 int8 codes under one float scale, with the sums of each 16 codes and of each 32 */
 typedef struct {
     float d;
     int8_t qs[KQ_QK];
     int16_t bsums[KQ_QK / 16];
+    int16_t bsums32[KQ_QK / 32];
 } kq_block_q8;
 
 /* the kernels of one instruction set: portable C, AVX2, AVX-512 */
