@@ -23,7 +23,15 @@ __all__ = ["KernelBuild", "kernel_library"]
 
 _LIB = "libedge_kquant.so"
 _SOURCES = ("kquant.h", "kernels.c", "kernels_simd.h", "dispatch.c", "ort_op.c")
-_COMMON = ("-O3", "-fPIC", "-std=c11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function")
+_COMMON = (
+    "-O3",
+    "-fPIC",
+    "-std=c11",
+    "-fno-strict-aliasing",
+    "-Wall",
+    "-Wno-unused-function",
+    "-Werror=implicit-function-declaration",
+)
 # one kernels.c object per instruction set: (table name, flags); dispatch.c picks one at run time
 _X86_VARIANTS = (
     ("kq_portable", ()),

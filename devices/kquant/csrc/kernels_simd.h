@@ -2,6 +2,15 @@
  * 256-bit registers; AVX-512 (BW) Q6_K with two groups' codes a register. Both decode the K-quant scales and mins
  * with word operations and fold the mins' and offsets' terms with one multiply-add a block. */
 #if defined(__AVX2__)
+/* weight bytes ahead of the block being read that a kernel asks the cache for: one core streamed Q4_K rows
+ * from memory at 7.3 GB/s without, 10.4 / 12.2 / 12.4 GB/s with 1 / 4 / 8 KB (the hardware prefetcher alone
+ * does not keep up with a compute-heavy loop) */
+#ifndef KQ_PREFETCH
+#define KQ_PREFETCH 4096
+#endif
+static inline void prefetch_block(const uint8_t *w, int bytes) {
+    for (int at = 0; at < bytes; at += 64) _mm_prefetch((const char *)w + KQ_PREFETCH + at, _MM_HINT_T0);
+}
 
 static inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -54,6 +63,7 @@ static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *y
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     for (int64_t b = 0; b < nb; b++, w += bytes) {
+        prefetch_block(w, bytes);
         const float d = _cvtsh_ss((uint16_t)(w[0] | (w[1] << 8)));
         const float dmin = _cvtsh_ss((uint16_t)(w[2] | (w[3] << 8)));
         const __m128i sm = scales_mins_simd(w + 4);
@@ -92,6 +102,7 @@ static inline void dotn_q6_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys
     const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < nb; b++, w += 210) {
+        prefetch_block(w, 210);
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
         const float d = _cvtsh_ss((uint16_t)(w[208] | (w[209] << 8)));
@@ -145,6 +156,7 @@ static inline void dotn_q6_k_avx512(const uint8_t *w, const kq_block_q8 *const *
         3);
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (int64_t b = 0; b < nb; b++, w += 210) {
+        prefetch_block(w, 210);
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
         const float d = _cvtsh_ss((uint16_t)(w[208] | (w[209] << 8)));
