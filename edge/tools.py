@@ -25,9 +25,10 @@ from typing import Any
 
 from edge.errors import GrammarError, ToolError
 from edge.generate import GenerationConfig
-from edge.grammar import Grammar, check_schema
+from edge.grammar import Grammar
 from edge.models.chat_template import ChatTemplate
 from edge.models.tokenizer import Tokenizer
+from edge.schemas import read_schema
 
 __all__ = [
     "CallSplitter",
@@ -54,6 +55,9 @@ class Tool:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # the parameters as the grammar enforces them (annotation keys dropped: `notes` says which); None: as given
+    enforced: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = ()
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's shape (what chat templates iterate over)."""
@@ -118,10 +122,11 @@ def _tool(entry: Any, where: str) -> Tool:
     if not isinstance(params, Mapping) or params.get("type", "object") != "object":
         raise ToolError(f"{where}.function.parameters must be a JSON Schema of type object")
     try:
-        check_schema(params)
+        read = read_schema(params)
     except GrammarError as exc:
         raise ToolError(f"{where}.function.parameters: {exc.message}", hint=exc.hint) from None
-    return Tool(name, description, params)
+    notes = tuple(f"tool {name}: {note}" for note in read.notes)
+    return Tool(name, description, params, read.schema, notes)
 
 
 def _only(value: Mapping[str, Any], known: set[str], where: str) -> None:
@@ -199,6 +204,11 @@ class ToolPlan:
     # one call per answer unless asked (llama.cpp's server default too): small models at temperature 0 repeat
     # calls until max_tokens once a second one is allowed
     parallel: bool = False
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What reading the tools' schemas dropped (annotation keys), to tell the client."""
+        return tuple(note for t in self.tools for note in t.notes)
 
     @property
     def active(self) -> bool:
@@ -316,7 +326,7 @@ def _body_rules(tools: Sequence[Tool]) -> list[str]:
     tool's parameters are a schema of their own (`%json`), so their `$ref`s resolve against their own root."""
     rules = ["body: " + " | ".join(f"{json.dumps(_opening(t.name))} rest_{i}" for i, t in enumerate(tools))]
     for i, t in enumerate(tools):
-        args = {"x-guidance": _JSON_STYLE, **t.parameters}
+        args = {"x-guidance": _JSON_STYLE, **(t.parameters if t.enforced is None else t.enforced)}
         rules += [f'rest_{i}: ", \\"arguments\\": " args_{i} "}}"', f"args_{i}: %json {json.dumps(args)}"]
     return rules
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from edge.server.registry import ModelBusyError, Registry
 from edge.server.scheduler import Done, Failed, Job, QueueFull, Scheduler, ServerStopping
 from edge.server.security import BodyTooLarge, Guard
 from edge.tools import CallSplitter, ToolCall, ToolPlan
+
+log = logging.getLogger("edge.server")
 
 __all__ = ["create_app"]
 
@@ -126,6 +129,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     tools: ToolPlan | None = None
+    notes: tuple[str, ...] = ()  # what reading the request's schemas dropped (the `edge` field says it)
 
     def splitter(self) -> CallSplitter | None:
         """What reads the answer's tool calls out of its text (None: the request can make none)."""
@@ -160,16 +164,22 @@ def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runne
     return run
 
 
-def _config(sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None) -> GenerationConfig:
-    """The request's GenerationConfig; invalid options and a grammar the engine cannot enforce are a 400
-    before the job is queued (compiling a grammar takes milliseconds once the model's vocabulary is indexed)."""
+def _config(
+    sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None
+) -> tuple[GenerationConfig, tuple[str, ...]]:
+    """The request's GenerationConfig and the notes of reading its schemas; invalid options and a grammar the
+    engine cannot enforce are a 400 before the job is queued (compiling a grammar takes milliseconds once the
+    model's vocabulary is indexed)."""
     config = GenerateOptions(**opts).config()
+    notes = (() if config.grammar is None else config.grammar.notes) + (() if plan is None else plan.notes)
     if plan is not None:
         config = plan.constrain(config)
     if config.grammar is not None:
         model = sched.replicas[0]
         check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)
-    return config
+    for note in notes:
+        log.info("request note: %s", note)
+    return config, notes
 
 
 class Handlers:
@@ -217,9 +227,9 @@ class Handlers:
         self._check_prompt(len(ids), n_ctx, "messages")
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, param, len(ids), n_ctx)}
-        config = await run_in_threadpool(_config, sched, opts, plan)
+        config, notes = await run_in_threadpool(_config, sched, opts, plan)
         run = _runner(ids, config, keep)
-        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage, plan)
+        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage, plan, notes)
 
     async def _prepare_completion(self, body: bytes) -> Prepared:
         req = p.CompletionRequest.model_validate_json(body)
@@ -231,8 +241,9 @@ class Handlers:
         n_ctx = first.decoder.n_ctx
         self._check_prompt(len(ids), n_ctx, "prompt")
         opts = {**req.sampling(), "max_tokens": self._budget(req.token_budget, "max_tokens", len(ids), n_ctx)}
-        config = await run_in_threadpool(_config, sched, opts)
-        return Prepared(req.model, sched, ids, _runner(ids, config, None), req.stream, req.include_usage)
+        config, notes = await run_in_threadpool(_config, sched, opts)
+        run = _runner(ids, config, None)
+        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage, notes=notes)
 
     # -- endpoints -------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -269,7 +280,7 @@ class Handlers:
             return Response(status_code=499)  # nobody reads it
         except Exception as exc:
             return error_response(exc)
-        usage, extra = _usage(result), _extra(result, job)
+        usage, extra = _usage(result), _extra(result, job, prep.notes)
         logprobs = lp.result_logprobs(result.logprobs, chat)
         if not chat:
             finish = p.finish_reason(extra["stop_reason"])
@@ -314,7 +325,7 @@ class Handlers:
                     for delta in _deltas(splitter, None):
                         yield _data(p.chat_chunk(rid, prep.model, created, delta))
                 result = item.result
-                extra = _extra(result, job)
+                extra = _extra(result, job, prep.notes)
                 finish = p.finish_reason(extra["stop_reason"], 0 if splitter is None else splitter.calls)
                 if chat:
                     yield _data(p.chat_chunk(rid, prep.model, created, {}, finish, extra=extra))
@@ -361,7 +372,7 @@ def _usage(result: Result) -> p.Usage:
     )
 
 
-def _extra(result: Result, job: Job) -> dict[str, Any]:
+def _extra(result: Result, job: Job, notes: tuple[str, ...] = ()) -> dict[str, Any]:
     """edge's own statistics, in the `edge` field of a response (clients that do not know it ignore it)."""
     s = result.stats
     cut = job.shutdown and s.stop_reason == "cancelled"  # it may have ended by itself at the same token
@@ -377,6 +388,7 @@ def _extra(result: Result, job: Job) -> dict[str, Any]:
         "backend": f"{result.backend}:{result.device}",
         "fallback": result.fallback,
         "draft": None if s.draft is None else s.draft.to_dict(),
+        **({"notes": list(notes)} if notes else {}),  # e.g. a schema's annotation keys, ignored
     }
 
 
