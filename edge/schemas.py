@@ -204,6 +204,10 @@ def _read(node: Any, path: str, dropped: list[str]) -> Any:
             out[key] = _read(value, where, dropped)
         else:
             out[key] = value
+    if isinstance(out.get("items"), list):  # drafts 04-07's tuple: 2020-12's prefixItems
+        out["prefixItems"] = out.pop("items")
+        if "additionalItems" in out:
+            out["items"] = out.pop("additionalItems")
     for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(out.get(bound), bool):  # draft-04: a flag on minimum / maximum
             exclusive = out.pop(bound)

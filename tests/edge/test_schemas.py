@@ -84,6 +84,22 @@ def test_draft04_spellings_are_understood() -> None:
     assert not matches(grammar, {"level": "loud", "port": 1, "name": "svc"})  # the $ref'd enum holds
 
 
+def test_a_draft07_tuple_is_read_as_prefix_items() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "array",
+        "items": [{"type": "string"}, {"type": "integer"}],
+        "additionalItems": False,
+    }
+    grammar = Grammar.json_schema(schema)
+    assert grammar.schema() == {
+        "type": "array",
+        "prefixItems": [{"type": "string"}, {"type": "integer"}],
+        "items": False,
+    }
+    assert matches(grammar, ["a", 1]) and not matches(grammar, ["a", 1, 2]) and not matches(grammar, [1])
+
+
 @pytest.mark.parametrize(
     ("schema", "needle"),
     [
