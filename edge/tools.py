@@ -4,17 +4,13 @@ and parsed back into calls.
 A model writes a call in its template's syntax (Qwen 2.5 / Hermes: `<tool_call>\\n{"name": ..., "arguments":
 {...}}\\n</tool_call>`). `required` and a named function constrain the whole answer to calls of the allowed
 functions whose arguments match their `parameters` schema; `auto` lets the model answer in text or call, the call
-constrained once it starts; `none` renders no tools and parses no calls, so none can come out.
-
-Under `auto` an answer may also open with a call in the shapes small models write without the markers: a bare
-JSON object `{"name": <declared tool>, "arguments": ...}`, the same in doubled braces (Qwen 2.5's template shows
-its example so) or in a ```json fence, several in a row where parallel calls are allowed; where the markers are
-special tokens (text may precede a call) a bare or doubled call may also open a line after text. Each shape's
-opening up to the tool's name is a lexeme of the grammar (the trigger), and from it on the tool's schema holds;
-a JSON object naming no declared tool stays text.
-
-A template with no tools branch gets the same syntax through a system prompt edge writes; a template whose call
-syntax edge does not know is refused (never a tool request answered as if no tools were given).
+constrained once it starts. Under `auto` an answer may also open with a call in the shapes small models write
+without the markers: a bare JSON object `{"name": <declared tool>, "arguments": ...}`, the same in doubled braces
+(Qwen 2.5's template shows its example so) or in a ```json fence, several in a row where parallel calls are
+allowed; each shape's opening up to the tool's name is a lexeme of the grammar (the trigger), and from it on
+the tool's schema holds. A JSON object naming no declared tool stays text; `none` renders no tools and parses no calls, so none can come out. A template with no
+tools branch gets the same syntax through a system prompt edge writes; a template whose call syntax edge does not
+know is refused (never a tool request answered as if no tools were given).
 """
 
 from __future__ import annotations
@@ -271,55 +267,27 @@ class ToolPlan:
             return ["start: text | calls", f"text: %json {json.dumps(schema)}"]
         # a special-token marker can follow a preamble (the lexer cannot confuse it with text); the JSON shapes
         # open the answer, each trigger a lexeme that ends where the text lexeme stops matching
-        lines = self.syntax.open_id is not None
-        head = "start: TEXT | TEXT? calls" if lines else "start: TEXT | calls"
+        head = "start: TEXT | TEXT? calls" if self.syntax.open_id is not None else "start: TEXT | calls"
         shapes = 'shaped ("\\n" shaped)*' if self.parallel else "shaped"
-        tools = self.allowed()
-        rules = [
-            f"{head} | shapeds" + (" | leads" if lines else ""),
+        return [
+            f"{head} | shapeds",
             f"shapeds: {shapes}",
             "shaped: fenced | bare | doubled",
             f"fenced: {json.dumps(FENCE[0])} body {json.dumps(FENCE[1])}",
-            "bare: " + " | ".join(f"BARE_{i} rest_{i}" for i in range(len(tools))),
-            "doubled: " + " | ".join(f'DOUBLED_{i} rest_{i} "}}"' for i in range(len(tools))),
-            *(f"BARE_{i}: /{_trigger(_literal(t.name))}/" for i, t in enumerate(tools)),
-            *(f"DOUBLED_{i}: /\\{{{_trigger(_literal(t.name))}/" for i, t in enumerate(tools)),
+            "bare: " + " | ".join(f"BARE_{i} rest_{i}" for i in range(len(self.allowed()))),
+            "doubled: " + " | ".join(f'DOUBLED_{i} rest_{i} "}}"' for i in range(len(self.allowed()))),
+            *(f"BARE_{i}: /{_trigger(_literal(t.name))}/" for i, t in enumerate(self.allowed())),
+            *(f"DOUBLED_{i}: /\\{{{_trigger(_literal(t.name))}/" for i, t in enumerate(self.allowed())),
             self._text(shaped=True),
         ]
-        return rules + (self._lead_rules() if lines else [])
-
-    def _lead_rules(self) -> list[str]:
-        """A bare or doubled-brace call at the start of a line after text: one lexeme holds the text and the
-        trigger, and may only end with the trigger (so the lexer hands over exactly there)."""
-        tools = self.allowed()
-        names = "|".join(_literal(t.name) for t in tools)
-        lead = 'lead ("\\n" shaped)*' if self.parallel else "lead"
-        rules = [
-            f"leads: {lead}",
-            "lead: " + " | ".join(f'LEAD_{i} rest_{i} | LEADD_{i} rest_{i} "}}"' for i in range(len(tools))),
-        ]
-        no_other = f" & ~/(?s:.*)\\n\\{{?{_trigger(f'({names})')}(?s:.+)/{self._not_shaped()}"
-        for i, t in enumerate(tools):
-            name = _literal(t.name)
-            rules += [
-                f"LEAD_{i}: /(?s:.+)\\n{_trigger(name)}/{no_other}",
-                f"LEADD_{i}: /(?s:.+)\\n\\{{{_trigger(name)}/{no_other}",
-            ]
-        return rules
-
-    def _not_shaped(self) -> str:
-        """The lexeme does not open as a JSON-shaped call (fenced, bare or doubled)."""
-        names = "|".join(_literal(t.name) for t in self.allowed())
-        return f" & ~/{_literal(FENCE[0])}(?s:.*)/ & ~/\\{{?{_trigger(f'({names})')}(?s:.*)/"
 
     def _text(self, shaped: bool = False) -> str:
         """Free text that never spells the call marker, so every marker in an answer opened a constrained call
-        (and with `none` none can be written); with `shaped`, it does not open as a JSON-shaped call either,
-        nor, where calls may follow text, hold one at the start of a line."""
-        not_json = self._not_shaped() if shaped else ""
-        if shaped and self.syntax.open_id is not None:
-            names = "|".join(_literal(t.name) for t in self.allowed())
-            not_json += f" & ~/(?s:.*)\\n\\{{?{_trigger(f'({names})')}(?s:.*)/"
+        (and with `none` none can be written); with `shaped`, it does not open as a JSON-shaped call either."""
+        names = "|".join(_literal(t.name) for t in self.allowed())
+        not_json = (
+            f" & ~/{_literal(FENCE[0])}(?s:.*)/ & ~/\\{{?{_trigger(f'({names})')}(?s:.*)/" if shaped else ""
+        )
         return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{_literal(self.syntax.open)}.*)/{not_json}"
 
     def constrain(self, config: GenerationConfig) -> GenerationConfig:
@@ -438,8 +406,6 @@ class CallSplitter:
         self._in_call = False
         self._braces = 0  # inside a bare (1) or doubled-brace (2) call
         self._fresh = plan.choice.mode == "auto"  # a JSON-shaped call may open the answer (auto's grammar)
-        # ... or a line after text, where a call may follow text (special-token markers)
-        self._lines = self._fresh and plan.syntax.open_id is not None
         self.calls = 0
 
     def feed(self, piece: str) -> list[str | ToolCall]:
@@ -467,9 +433,7 @@ class CallSplitter:
                 out.extend(self._content(self._buf[:at], final=True))
                 self._buf, self._in_call = self._buf[at + len(self._open) :], True
                 continue
-            if self._lines and self._line_call(out):
-                continue
-            keep = max(_marker_prefix(self._buf, self._open), self._line_held())
+            keep = _marker_prefix(self._buf, self._open)
             held = len(self._buf) - keep
             text = self._buf[:held]
             tail = len(text) - len(text.rstrip())  # whitespace waits: it is dropped before a call
@@ -493,26 +457,6 @@ class CallSplitter:
         elif braces:
             self._buf, self._braces = head, braces
         return True
-
-    def _line_call(self, out: list[str | ToolCall]) -> bool:
-        """A bare or doubled-brace call opening a line after text: the text before it out, the state set to
-        the call (False: none opens a line here)."""
-        at = self._buf.find("\n")
-        while at >= 0:
-            braces = _opens_call(self._buf[at + 1 :], self._names)
-            if braces:
-                out.extend(self._content(self._buf[:at], final=True))
-                self._buf, self._braces = self._buf[at + 1 :], braces
-                return True
-            at = self._buf.find("\n", at + 1)
-        return False
-
-    def _line_held(self) -> int:
-        """How many trailing characters may still open a call at a line's start (held until they tell)."""
-        if not self._lines:
-            return 0
-        at = self._buf.rfind("\n")
-        return len(self._buf) - at if at >= 0 and _opens_call(self._buf[at + 1 :], self._names) is None else 0
 
     def _json_call(self, out: list[str | ToolCall]) -> bool:
         """A bare or doubled-brace call read off the buffer once complete (False: not yet)."""

@@ -62,12 +62,7 @@ CORPUS: list[tuple[str, bool, tuple[str, ...], str, list[tuple[str, dict[str, An
     ('{"name": "get_weather_v2", "arguments": {}}', False, BOTH, None, []),
     ('{"city": "Paris"}', False, BOTH, None, []),
     ("{{ not json }}", False, BOTH, None, []),
-    ("Here it is:\n```json\n" + BARE + "\n```", False, ("hermes-text",), None, []),
-    # where a call may follow text (special-token markers), a bare or doubled call may open a line
-    ("Let me look.\n" + BARE, False, ("qwen2.5",), "Let me look.", [PARIS]),
-    ("Let me look.\nOK.\n{" + BARE + "}", False, ("qwen2.5",), "Let me look.\nOK.", [PARIS]),
-    (f"Two calls:\n{BARE}\n{BARE_SUM}", True, ("qwen2.5",), "Two calls:", [PARIS, SUM]),
-    ('One line.\n{"name": "rm_rf", "arguments": {}}\nmore', False, BOTH, None, []),
+    ("Here it is:\n```json\n" + BARE + "\n```", False, BOTH, None, []),
 ]
 CASES = [
     pytest.param(family, *case, id=f"{family}-{i}") for i, case in enumerate(CORPUS) for family in case[2]
@@ -147,7 +142,6 @@ def test_each_shape_is_admitted_and_read_as_intended(
         '{"name": "get_weather", "arguments": {"city": "Paris"}} and more',  # text after a call
         '{{"name": "get_weather", "arguments": {"city": "Paris"}}',  # a doubled brace never closed
         f"{BARE}\n{BARE}",  # a second call where one is allowed
-        'Text.\n{"name": "get_weather", "arguments": {"town": "Paris"}}',  # a line's call is constrained too
     ],
 )
 def test_from_the_trigger_on_the_call_is_constrained(text: str) -> None:
