@@ -122,14 +122,19 @@ def right_in_text(row: dict[str, Any], case: dict[str, Any]) -> bool:
     return isinstance(args, dict) and right_arguments(args, case["expected"]["arguments"])
 
 
-def ask_all(url: str, model: str, choice: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+def ask_all(
+    url: str, model: str, choice: str, data: dict[str, Any], system: str | None = None
+) -> list[dict[str, Any]]:
+    """Every case asked once; `system`: an app's system message before each question (it replaces the chat
+    template's default one, as apps' own instructions do)."""
     client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
     rows = []
+    head = [] if system is None else [{"role": "system", "content": system}]
     for case in data["cases"]:
         t0 = time.perf_counter()
         reply = client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": case["question"]}],
+            messages=[*head, {"role": "user", "content": case["question"]}],
             tools=tools_for(case, data["functions"]),
             tool_choice=choice,
             temperature=0,
@@ -253,7 +258,7 @@ def run_model(model: str, args: argparse.Namespace, data: dict[str, Any]) -> lis
         with edge_server(model, args.backend, args.threads, args.ctx) as url:
             for choice in args.edge_choices:
                 runs.append({"model": model, "engine": f"edge ({args.backend})", "choice": choice})
-                runs[-1]["rows"] = ask_all(url, model, choice, data)
+                runs[-1]["rows"] = ask_all(url, model, choice, data, args.system)
                 answered = sorted({r["backend"] for r in runs[-1]["rows"] if "backend" in r})
                 if answered:  # the backend that answered, not only the one asked for ("auto")
                     runs[-1]["engine"] = f"edge ({', '.join(answered)})"
@@ -264,7 +269,7 @@ def run_model(model: str, args: argparse.Namespace, data: dict[str, Any]) -> lis
     try:
         with llama_server(args.llama_server, gguf_of(model), args.threads, args.ctx) as url:
             for run in runs[-len(args.peer_choices) :]:
-                run["rows"] = ask_all(url, model, run["choice"], data)
+                run["rows"] = ask_all(url, model, run["choice"], data, args.system)
     except (RuntimeError, openai.OpenAIError) as exc:
         for run in runs[-len(args.peer_choices) :]:
             run.setdefault("error", " ".join(str(exc).split())[:300])
@@ -320,6 +325,7 @@ def notes(args: argparse.Namespace, argvs: Sequence[Sequence[str]]) -> list[str]
         ' right arguments by value (strings trimmed, case-insensitive; numbers by value). "of which right if'
         ' parsed": text answers whose first JSON object (bare, fenced or tagged) names the right function with the'
         " right arguments, a call the engine did not return as one (not counted as right).",
+        f"- System message: {'none (user-only prompts)' if args.system is None else repr(args.system)}",
         "",
     ]
 
@@ -349,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--every", type=int, default=1, help="every N-th case of each category (a stratified subset)"
     )
     ap.add_argument("--tag", default="", help="appended to the results' name")
+    ap.add_argument("--system", help="an app's system message before each question (default: none)")
     argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
     if args.llama_server is None:

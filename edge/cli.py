@@ -205,6 +205,8 @@ def _run_notes(m: Any, args: argparse.Namespace, config: Any, loaded: dict[str, 
         notes.append(
             f"edge: note: {m.name} is {_kind(m.name)} with no chat template; running as plain completion"
         )
+    if config.grammar is not None:  # --json-schema: the annotation keys reading it dropped
+        notes += [f"edge: note: {note}" for note in config.grammar.notes]
     return notes
 
 

@@ -17,12 +17,13 @@ import json
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge.errors import ConstraintError, GrammarError
+from edge.schemas import check_schema, read_schema
 
 if TYPE_CHECKING:
     from edge.models.tokenizer import Tokenizer
@@ -52,6 +53,8 @@ class Grammar:
 
     kind: str
     source: str = ""
+    # what reading a client's schema dropped (annotation keys): said to the client, never part of equality
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -67,8 +70,14 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any] | str) -> Grammar:
-        """A JSON Schema (a mapping, or its JSON text), checked against its meta-schema and the engine."""
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+        """A client's JSON Schema (a mapping, or its JSON text), read as the engine enforces it (annotation keys
+        dropped and noted, other drafts' spellings translated), checked against its meta-schema and the engine."""
+        if isinstance(schema, str):
+            if len(schema.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
+                return cls("json_schema", schema)  # refused for its size, before parsing
+            schema = _parse(schema)
+        read = read_schema(schema)
+        return cls("json_schema", json.dumps(read.schema), read.notes)
 
     @classmethod
     def json_object(cls) -> Grammar:
@@ -80,13 +89,17 @@ class Grammar:
             return {"type": "object"}
         if self.kind != "json_schema":
             raise GrammarError(f"a {self.kind} grammar has no JSON Schema")
-        try:
-            value = json.loads(self.source)
-        except ValueError as exc:
-            raise GrammarError(f"the JSON Schema is not JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise GrammarError(f"a JSON Schema is an object, not {type(value).__name__}")
-        return value
+        return _parse(self.source)
+
+
+def _parse(source: str) -> dict[str, Any]:
+    try:
+        value = json.loads(source)
+    except ValueError as exc:
+        raise GrammarError(f"the JSON Schema is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise GrammarError(f"a JSON Schema is an object, not {type(value).__name__}")
+    return value
 
 
 def cli_grammar(json_schema: str | None, json_object: bool) -> Grammar | None:
@@ -144,131 +157,6 @@ def _only_keys(value: Mapping[str, Any], known: set[str], where: str) -> None:
     unknown = sorted(set(value) - known)
     if unknown:
         raise GrammarError(f"{where} has unknown keys {unknown}", hint=f"known: {', '.join(sorted(known))}")
-
-
-# JSON Schema's vocabulary (2020-12 with draft 7's spellings): a key outside it constrains nothing in a
-# validator, so a misspelt keyword ("propertis") would leave the answer silently unconstrained
-KEYWORDS = frozenset(
-    [
-        "$schema",
-        "$id",
-        "$ref",
-        "$defs",
-        "$anchor",
-        "$dynamicRef",
-        "$dynamicAnchor",
-        "$vocabulary",
-        "$comment",
-        "$recursiveRef",
-        "$recursiveAnchor",
-        "definitions",
-        "type",
-        "enum",
-        "const",
-        "multipleOf",
-        "maximum",
-        "exclusiveMaximum",
-        "minimum",
-        "exclusiveMinimum",
-        "maxLength",
-        "minLength",
-        "pattern",
-        "format",
-        "maxItems",
-        "minItems",
-        "uniqueItems",
-        "maxContains",
-        "minContains",
-        "maxProperties",
-        "minProperties",
-        "required",
-        "dependentRequired",
-        "dependencies",
-        "properties",
-        "patternProperties",
-        "additionalProperties",
-        "propertyNames",
-        "items",
-        "prefixItems",
-        "additionalItems",
-        "contains",
-        "unevaluatedItems",
-        "unevaluatedProperties",
-        "allOf",
-        "anyOf",
-        "oneOf",
-        "not",
-        "if",
-        "then",
-        "else",
-        "dependentSchemas",
-        "title",
-        "description",
-        "default",
-        "examples",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "contentEncoding",
-        "contentMediaType",
-        "contentSchema",
-    ]
-)
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_ONE = [
-    "additionalProperties",
-    "propertyNames",
-    "contains",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "additionalItems",
-    "contentSchema",
-    "items",
-]
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-
-
-def unknown_keywords(schema: Any, path: str = "#") -> list[str]:
-    """JSON pointers of the keys that are no JSON Schema keyword (extensions named `x-...` are allowed)."""
-    if not isinstance(schema, Mapping):
-        return []
-    found = [f"{path}/{k}" for k in schema if k not in KEYWORDS and not str(k).startswith("x-")]
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), Mapping):
-            for name, sub in schema[key].items():
-                found += unknown_keywords(sub, f"{path}/{key}/{name}")
-    for key in _SCHEMA_ONE:
-        found += unknown_keywords(schema.get(key), f"{path}/{key}")
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            for i, sub in enumerate(schema[key]):
-                found += unknown_keywords(sub, f"{path}/{key}/{i}")
-    return found
-
-
-def check_schema(schema: Mapping[str, Any]) -> None:
-    """A schema that is not valid JSON Schema (2020-12 meta-schema), or holds a key that is no keyword (a
-    misspelling a validator would ignore), is an error naming the key's path."""
-    unknown = unknown_keywords(schema)
-    if unknown:
-        raise GrammarError(
-            f"not a JSON Schema keyword: {', '.join(unknown[:8])}",
-            hint="fix its spelling, or name an extension x-...",
-        )
-    import jsonschema
-
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(str(p) for p in exc.path) or "(the root)"
-        raise GrammarError(
-            f"not a valid JSON Schema at {where}: {exc.message}", hint="fix the schema"
-        ) from None
 
 
 class Constraint:

@@ -4,7 +4,11 @@ and parsed back into calls.
 A model writes a call in its template's syntax (Qwen 2.5 / Hermes: `<tool_call>\\n{"name": ..., "arguments":
 {...}}\\n</tool_call>`). `required` and a named function constrain the whole answer to calls of the allowed
 functions whose arguments match their `parameters` schema; `auto` lets the model answer in text or call, the call
-constrained once it starts; `none` renders no tools and parses no calls, so none can come out. A template with no
+constrained once it starts. Under `auto` an answer may also open with a call in the shapes small models write
+without the markers: a bare JSON object `{"name": <declared tool>, "arguments": ...}`, the same in doubled braces
+(Qwen 2.5's template shows its example so) or in a ```json fence, several in a row where parallel calls are
+allowed; each shape's opening up to the tool's name is a lexeme of the grammar (the trigger), and from it on
+the tool's schema holds. A JSON object naming no declared tool stays text; `none` renders no tools and parses no calls, so none can come out. A template with no
 tools branch gets the same syntax through a system prompt edge writes; a template whose call syntax edge does not
 know is refused (never a tool request answered as if no tools were given).
 """
@@ -21,9 +25,10 @@ from typing import Any
 
 from edge.errors import GrammarError, ToolError
 from edge.generate import GenerationConfig
-from edge.grammar import Grammar, check_schema
+from edge.grammar import Grammar
 from edge.models.chat_template import ChatTemplate
 from edge.models.tokenizer import Tokenizer
+from edge.schemas import read_schema
 
 __all__ = [
     "CallSplitter",
@@ -50,6 +55,9 @@ class Tool:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # the parameters as the grammar enforces them (annotation keys dropped: `notes` says which); None: as given
+    enforced: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = ()
 
     def openai(self) -> dict[str, Any]:
         """The tool in OpenAI's shape (what chat templates iterate over)."""
@@ -114,10 +122,11 @@ def _tool(entry: Any, where: str) -> Tool:
     if not isinstance(params, Mapping) or params.get("type", "object") != "object":
         raise ToolError(f"{where}.function.parameters must be a JSON Schema of type object")
     try:
-        check_schema(params)
+        read = read_schema(params)
     except GrammarError as exc:
         raise ToolError(f"{where}.function.parameters: {exc.message}", hint=exc.hint) from None
-    return Tool(name, description, params)
+    notes = tuple(f"tool {name}: {note}" for note in read.notes)
+    return Tool(name, description, params, read.schema, notes)
 
 
 def _only(value: Mapping[str, Any], known: set[str], where: str) -> None:
@@ -197,6 +206,11 @@ class ToolPlan:
     parallel: bool = False
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What reading the tools' schemas dropped (annotation keys), to tell the client."""
+        return tuple(note for t in self.tools for note in t.notes)
+
+    @property
     def active(self) -> bool:
         return self.choice.mode != "none"
 
@@ -230,16 +244,20 @@ class ToolPlan:
                 if answer is not None or not self.tools
                 else Grammar("lark", f"start: TEXT\n{self._text()}")
             )
-        allowed = [t for t in self.tools if self.choice.mode != "function" or t.name == self.choice.name]
+        allowed = self.allowed()
         calls = "call" if not self.parallel else 'call ("\\n" call)*'
         rules = [
             f"calls: {calls}",
             f'call: {self.syntax.lark_open()} "\\n" body "\\n" {self.syntax.lark_close()}',
-            f"body: %json {json.dumps(_call_schema(allowed))}",
+            *_body_rules(allowed),
         ]
         if self.choice.mode in ("required", "function"):
             return Grammar("lark", "\n".join(["start: calls", *rules]))
         return Grammar("lark", "\n".join([*self._text_rules(answer), *rules]))
+
+    def allowed(self) -> list[Tool]:
+        """The tools a call may name under this choice."""
+        return [t for t in self.tools if self.choice.mode != "function" or t.name == self.choice.name]
 
     def _text_rules(self, answer: Grammar | None) -> list[str]:
         if answer is not None:
@@ -247,16 +265,30 @@ class ToolPlan:
                 raise ToolError("tools combine with a json_object or json_schema response_format only")
             schema = {"x-guidance": _JSON_STYLE, **answer.schema()}
             return ["start: text | calls", f"text: %json {json.dumps(schema)}"]
-        # a special-token marker can follow a preamble (the lexer cannot confuse it with text)
+        # a special-token marker can follow a preamble (the lexer cannot confuse it with text); the JSON shapes
+        # open the answer, each trigger a lexeme that ends where the text lexeme stops matching
         head = "start: TEXT | TEXT? calls" if self.syntax.open_id is not None else "start: TEXT | calls"
-        fenced = f"fenced: {json.dumps(FENCE[0])} body {json.dumps(FENCE[1])}"
-        return [f"{head} | fenced", fenced, self._text(fenced=True)]
+        shapes = 'shaped ("\\n" shaped)*' if self.parallel else "shaped"
+        return [
+            f"{head} | shapeds",
+            f"shapeds: {shapes}",
+            "shaped: fenced | bare | doubled",
+            f"fenced: {json.dumps(FENCE[0])} body {json.dumps(FENCE[1])}",
+            "bare: " + " | ".join(f"BARE_{i} rest_{i}" for i in range(len(self.allowed()))),
+            "doubled: " + " | ".join(f'DOUBLED_{i} rest_{i} "}}"' for i in range(len(self.allowed()))),
+            *(f"BARE_{i}: /{_trigger(_literal(t.name))}/" for i, t in enumerate(self.allowed())),
+            *(f"DOUBLED_{i}: /\\{{{_trigger(_literal(t.name))}/" for i, t in enumerate(self.allowed())),
+            self._text(shaped=True),
+        ]
 
-    def _text(self, fenced: bool = False) -> str:
+    def _text(self, shaped: bool = False) -> str:
         """Free text that never spells the call marker, so every marker in an answer opened a constrained call
-        (and with `none` none can be written); with `fenced`, it does not open as a fenced call either."""
-        fence = f" & ~/{_literal(FENCE[0])}(?s:.*)/" if fenced else ""
-        return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{_literal(self.syntax.open)}.*)/{fence}"
+        (and with `none` none can be written); with `shaped`, it does not open as a JSON-shaped call either."""
+        names = "|".join(_literal(t.name) for t in self.allowed())
+        not_json = (
+            f" & ~/{_literal(FENCE[0])}(?s:.*)/ & ~/\\{{?{_trigger(f'({names})')}(?s:.*)/" if shaped else ""
+        )
+        return f"TEXT: /(.|\\n)+/ & ~/(?s:.*{_literal(self.syntax.open)}.*)/{not_json}"
 
     def constrain(self, config: GenerationConfig) -> GenerationConfig:
         """`config` with the tools' grammar around its response_format's; stop strings are refused, as with a
@@ -283,18 +315,24 @@ def _literal(text: str) -> str:
     return re.escape(text).replace("\\\n", "\\n")
 
 
-def _call_schema(tools: Sequence[Tool]) -> dict[str, Any]:
-    variants = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": dict(t.parameters)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    body = variants[0] if len(variants) == 1 else {"anyOf": variants}
-    return {"x-guidance": _JSON_STYLE, **body}
+def _trigger(name: str) -> str:
+    """The regex of a bare JSON call's opening up to its name: `{"name": "NAME"` with any spacing (`name`: a
+    regex, so one trigger can name several tools)."""
+    return f'\\{{\\s*"name"\\s*:\\s*"{name}"'
+
+
+def _body_rules(tools: Sequence[Tool]) -> list[str]:
+    """`body`: one call as JSON, `{"name": ..., "arguments": ...}`; `rest_i`: what follows tool i's name. Each
+    tool's parameters are a schema of their own (`%json`), so their `$ref`s resolve against their own root."""
+    rules = ["body: " + " | ".join(f"{json.dumps(_opening(t.name))} rest_{i}" for i, t in enumerate(tools))]
+    for i, t in enumerate(tools):
+        args = {"x-guidance": _JSON_STYLE, **(t.parameters if t.enforced is None else t.enforced)}
+        rules += [f'rest_{i}: ", \\"arguments\\": " args_{i} "}}"', f"args_{i}: %json {json.dumps(args)}"]
+    return rules
+
+
+def _opening(name: str) -> str:
+    return '{"name": ' + json.dumps(name)
 
 
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -356,7 +394,9 @@ def _system_prompt(tools: Iterable[Tool], syntax: CallSyntax) -> str:
 # -- reading calls out of a stream of text ---------------------------------------------------------
 class CallSplitter:
     """Text pieces in, content pieces (str) and finished calls (ToolCall) out, as soon as each is certain: text
-    that may be the start of a call marker, or whitespace before a call, is held until the next piece tells."""
+    that may be the start of a call marker, or whitespace before a call, is held until the next piece tells.
+    In auto mode an answer may open with JSON-shaped calls (fenced, bare or in doubled braces), held from their
+    first character while they may still name a declared tool."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self._markers = plan.syntax.open, plan.syntax.close
@@ -364,23 +404,28 @@ class CallSplitter:
         self._names = {t.name for t in plan.tools}
         self._buf = ""
         self._in_call = False
-        self._fresh = (
-            plan.choice.mode == "auto"
-        )  # a fenced call may open the answer (what auto's grammar allows)
+        self._braces = 0  # inside a bare (1) or doubled-brace (2) call
+        self._fresh = plan.choice.mode == "auto"  # a JSON-shaped call may open the answer (auto's grammar)
         self.calls = 0
 
     def feed(self, piece: str) -> list[str | ToolCall]:
         self._buf += piece
         out: list[str | ToolCall] = []
-        if self._fresh and not self._opens_fenced():
-            return out
         while True:
+            if self._fresh and not self._opens_shaped():
+                return out
+            if self._braces:
+                if not self._json_call(out):
+                    return out
+                continue
             if self._in_call:
                 end, call = self._closing()
                 if end < 0:
                     return out
                 out.append(call if call is not None else f"{self._open}{self._buf[:end]}{self._close}")
                 self._buf, self._in_call = self._buf[end + len(self._close) :], False
+                if self._open == FENCE[0]:  # the next JSON-shaped call may follow (parallel)
+                    self._fresh = True
                 self._open, self._close = self._markers
                 continue
             at = self._buf.find(self._open)
@@ -396,6 +441,38 @@ class CallSplitter:
             self._buf = self._buf[len(text) - tail :]
             return out
 
+    def _opens_shaped(self) -> bool:
+        """Where a JSON-shaped call may start: False while undecided; else decided (and True), the state set to
+        the call's shape or to text."""
+        head = self._buf.lstrip() if self.calls else self._buf  # between parallel calls: a newline
+        if FENCE[0].startswith(head) and len(head) < len(FENCE[0]):
+            return False
+        braces = _opens_call(head, self._names)
+        if braces is None:
+            return False
+        self._fresh = False
+        if head.startswith(FENCE[0]):
+            self._open, self._close = FENCE
+            self._buf, self._in_call = head[len(FENCE[0]) :], True
+        elif braces:
+            self._buf, self._braces = head, braces
+        return True
+
+    def _json_call(self, out: list[str | ToolCall]) -> bool:
+        """A bare or doubled-brace call read off the buffer once complete (False: not yet)."""
+        try:
+            value, end = json.JSONDecoder().raw_decode(self._buf, self._braces - 1)
+        except ValueError:
+            return False
+        if self._braces == 2:
+            if len(self._buf) <= end:
+                return False
+            end += 1  # the outer brace (the grammar writes it)
+        call = self._call_of(value)
+        out.append(call if call is not None else self._buf[:end])
+        self._buf, self._braces, self._fresh = self._buf[end:], 0, True
+        return True
+
     def _closing(self) -> tuple[int, ToolCall | None]:
         """Where the open call ends and the call it is: the first close marker after a body that parses as a
         call (an argument may spell the marker itself). (-1, None) while none has: the grammar only lets valid
@@ -408,20 +485,10 @@ class CallSplitter:
             at = self._buf.find(self._close, at + 1)
         return -1, None
 
-    def _opens_fenced(self) -> bool:
-        """At the answer's start: False while it may still become a fenced call; else decided (and True)."""
-        if FENCE[0].startswith(self._buf) and len(self._buf) < len(FENCE[0]):
-            return False
-        self._fresh = False
-        if self._buf.startswith(FENCE[0]):
-            self._open, self._close = FENCE
-            self._buf, self._in_call = self._buf[len(FENCE[0]) :], True
-        return True
-
     def finish(self) -> list[str | ToolCall]:
         """The rest: a call never closed (cut by max_tokens) comes out as content."""
         rest = f"{self._open}{self._buf}" if self._in_call else self._buf
-        self._buf, self._in_call = "", False
+        self._buf, self._in_call, self._braces = "", False, 0
         if self.calls and not rest.strip():
             return []
         return [rest] if rest else []
@@ -436,12 +503,41 @@ class CallSplitter:
             value = json.loads(body)
         except ValueError:
             return None
+        return self._call_of(value)
+
+    def _call_of(self, value: Any) -> ToolCall | None:
         if not isinstance(value, dict) or value.get("name") not in self._names:
             return None
         args = value.get("arguments", value.get("parameters", {}))
         self.calls += 1
         text = json.dumps(args, ensure_ascii=False)
         return ToolCall(f"call_{uuid.uuid4().hex[:24]}", value["name"], text)
+
+
+_SPACE = " \t\n\r"
+
+
+def _opens_call(text: str, names: set[str]) -> int | None:
+    """Whether `text` opens a bare JSON call of one of `names` (`{"name": "NAME"`, any spacing, one or two
+    opening braces): the braces (1 or 2), 0 where it cannot, None while it still may."""
+    braces = len(text) - len(text.lstrip("{"))
+    if not 1 <= braces <= 2 or (braces == len(text) and braces < 2):
+        return None if text == "" or text == "{" else 0
+    at = braces
+    for part in ('"name"', ":", '"'):
+        while at < len(text) and text[at] in _SPACE:
+            at += 1
+        got = text[at : at + len(part)]
+        if not part.startswith(got):
+            return 0
+        if len(got) < len(part):
+            return None
+        at += len(part)
+    end = text.find('"', at)
+    name = text[at:] if end < 0 else text[at:end]
+    if end >= 0:
+        return braces if name in names else 0
+    return None if any(n.startswith(name) for n in names) else 0
 
 
 def _marker_prefix(text: str, marker: str) -> int:

@@ -130,7 +130,7 @@ class Handlers:
             return Response(status_code=499)  # nobody reads it
         except Exception as exc:
             return error_response(exc)
-        usage, extra = _usage(result), extra_stats(result, job)
+        usage, extra = _usage(result), extra_stats(result, job, prep.notes)
         logprobs = lp.result_logprobs(result.logprobs, chat)
         if not chat:
             finish = p.finish_reason(extra["stop_reason"])
@@ -175,7 +175,7 @@ class Handlers:
                     for delta in _deltas(splitter, None):
                         yield _data(p.chat_chunk(rid, prep.model, created, delta))
                 result = item.result
-                extra = extra_stats(result, job)
+                extra = extra_stats(result, job, prep.notes)
                 finish = p.finish_reason(extra["stop_reason"], 0 if splitter is None else splitter.calls)
                 if chat:
                     yield _data(p.chat_chunk(rid, prep.model, created, {}, finish, extra=extra))

@@ -12,6 +12,7 @@ writes it in its own error shape.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,8 @@ __all__ = [
     "extra_stats",
     "wait_or_gone",
 ]
+
+log = logging.getLogger("edge.server")
 
 
 class ClientGone(Exception):
@@ -160,6 +163,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     tools: ToolPlan | None = None
+    notes: tuple[str, ...] = ()  # what reading the request's schemas dropped (the `edge` field says it)
 
     def splitter(self) -> CallSplitter | None:
         """What reads the answer's tool calls out of its text (None: the request can make none)."""
@@ -216,19 +220,25 @@ def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runne
     return run
 
 
-def _config(sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None) -> GenerationConfig:
-    """The request's GenerationConfig; invalid options and a grammar the engine cannot enforce are a 400
-    before the job is queued (compiling a grammar takes milliseconds once the model's vocabulary is indexed)."""
+def _config(
+    sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None
+) -> tuple[GenerationConfig, tuple[str, ...]]:
+    """The request's GenerationConfig and the notes of reading its schemas; invalid options and a grammar the
+    engine cannot enforce are a 400 before the job is queued (compiling a grammar takes milliseconds once the
+    model's vocabulary is indexed)."""
     config = GenerateOptions(**opts).config()
+    notes = (() if config.grammar is None else config.grammar.notes) + (() if plan is None else plan.notes)
     if plan is not None:
         config = plan.constrain(config)
     if config.grammar is not None:
         model = sched.replicas[0]
         check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)
-    return config
+    for note in notes:
+        log.info("request note: %s", note)
+    return config, notes
 
 
-def extra_stats(result: Result, job: Job) -> dict[str, Any]:
+def extra_stats(result: Result, job: Job, notes: tuple[str, ...] = ()) -> dict[str, Any]:
     """edge's own statistics, in the `edge` field of a response (clients that do not know it ignore it)."""
     s = result.stats
     cut = job.shutdown and s.stop_reason == "cancelled"  # it may have ended by itself at the same token
@@ -244,6 +254,7 @@ def extra_stats(result: Result, job: Job) -> dict[str, Any]:
         "backend": f"{result.backend}:{result.device}",
         "fallback": result.fallback,
         "draft": None if s.draft is None else s.draft.to_dict(),
+        **({"notes": list(notes)} if notes else {}),  # e.g. a schema's annotation keys, ignored
     }
 
 
@@ -297,9 +308,9 @@ class Core:
         n_ctx = first.decoder.n_ctx
         self.check_prompt(len(ids), n_ctx, req.prompt_param)
         budget = self.budget(req.max_tokens, req.max_tokens_param, len(ids), n_ctx)
-        config = await run_in_threadpool(_config, sched, {**req.options, "max_tokens": budget}, plan)
+        config, notes = await run_in_threadpool(_config, sched, {**req.options, "max_tokens": budget}, plan)
         return Prepared(
-            req.model, sched, ids, _runner(ids, config, keep), req.stream, req.include_usage, plan
+            req.model, sched, ids, _runner(ids, config, keep), req.stream, req.include_usage, plan, notes
         )
 
     def submit(self, prep: Prepared) -> Job:
@@ -325,7 +336,7 @@ class Core:
         """The whole answer, its tool calls split out; ClientGone if the client left first."""
         text, result = await wait_or_gone(job, prep.sched, request)
         content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
-        return Outcome(content, calls, result, extra_stats(result, job))
+        return Outcome(content, calls, result, extra_stats(result, job, prep.notes))
 
     async def pieces(self, prep: Prepared, job: Job) -> AsyncIterator[str | ToolCall | Outcome | Failed]:
         """The answer as it comes: text, whole tool calls, then its Outcome (text: all of it) or a Failed.
@@ -351,7 +362,8 @@ class Core:
                         yield new
                 if isinstance(item, Done):
                     done = True
-                    yield Outcome("".join(texts), calls, item.result, extra_stats(item.result, job))
+                    extra = extra_stats(item.result, job, prep.notes)
+                    yield Outcome("".join(texts), calls, item.result, extra)
                     return
         finally:
             if not done:  # the client went away (or the server is stopping): stop generating

@@ -311,3 +311,22 @@ def test_run_takes_options_between_model_and_prompt() -> None:
         parse(["run", "smollm2-135m", "--no-such-option", "Say hi"])
     with pytest.raises(SystemExit):
         parse(["models", "stray"])
+
+
+@pytest.mark.slow
+def test_a_schemas_annotation_keys_are_noted_and_the_answer_validates(tmp_path: Path) -> None:
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "javaType": "com.example.Answer",  # a generator's annotation: no JSON Schema keyword
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    path = tmp_path / "answer.json"
+    path.write_text(json.dumps(schema))
+    proc = edge("run", "smollm2-135m", "Is water wet?", "--json-schema", str(path), "--max-tokens", "16")
+    assert proc.returncode == 0, proc.stderr
+    assert "edge: note: schema keys that are no JSON Schema keyword, ignored: #/javaType" in proc.stderr
+    jsonschema.validate(json.loads(proc.stdout), schema)

@@ -81,7 +81,7 @@ def test_each_choice_is_a_grammar_the_engine_takes() -> None:
         g = plan(mode, name).grammar()
         assert g is not None and g.kind == "lark"
     named = plan("function", "add").grammar()
-    assert named is not None and '"const": "add"' in named.source and "get_weather" not in named.source
+    assert named is not None and '\\"name\\": \\"add\\"' in named.source and "get_weather" not in named.source
     # auto with a response_format: a text answer must match the schema
     answer = Grammar.json_schema({"type": "object", "properties": {"x": {"type": "integer"}}})
     both = plan("auto").grammar(answer)
