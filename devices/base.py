@@ -181,8 +181,8 @@ class Capabilities:
     prefix_copy: PrefixCopy | None = None
     batch_slot: BatchSlot | None = None
     phases: PhaseSplit | None = None  # split by phase: which halves run the prompts and the tokens
-    # bytes of weights a one-token forward reads, where the decoder holds its own copy of them (edge's graphs:
-    # the file's blocks re-laid for the runtime); None: it reads the file's blocks as stored (llama.cpp)
+    # bytes of weights a one-token forward reads (edge's graphs: their data; llama.cpp: the file's blocks as
+    # stored); None: not known (partitioned plans)
     weights_read: int | None = None
 
 

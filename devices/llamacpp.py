@@ -12,7 +12,7 @@ import numpy as np
 
 from edge.devices.base import Capabilities, Decoder, KVFill
 from edge.devices.llamacpp_batch import LlamaCppBatch, Native, batches, checked_ids, remove_cells
-from edge.devices.memory import check_slots_fit, llamacpp_memory
+from edge.devices.memory import check_slots_fit, file_weight_bytes_per_token, llamacpp_memory
 from edge.errors import BackendUnavailableError, DeviceError, ModelFormatError
 from edge.kvcache import RollbackError
 from edge.models.checked import CheckedModel, as_checked
@@ -98,6 +98,7 @@ class LlamaCppDecoder:
         path = source.path  # llama.cpp reads only what edge's checks passed
         # the context's K and V from the file's metadata, as the load's memory check sizes them (slots)
         self._kv_bytes = llamacpp_memory(source.gguf, opts.n_ctx, opts.kv_dtype).kv_cache
+        self._weights_read = file_weight_bytes_per_token(source.gguf)  # the blocks as stored
         self._kv_dtype = opts.kv_dtype
         llama_cpp = import_llama_cpp()
         if opts.device not in ("cpu", "gpu"):
@@ -218,7 +219,8 @@ class LlamaCppDecoder:
         # seq_rm removes any suffix of a transformer's cache; a recurrent state only wholly (rollback(position)),
         # so 0 there: nothing drafts on it. No sinks, one whole model
         rollback = None if self._batches else 0
-        return Capabilities(max_rollback=rollback, batching=self if self._batches else None)
+        batching = self if self._batches else None
+        return Capabilities(max_rollback=rollback, batching=batching, weights_read=self._weights_read)
 
     def slots(self, n: int) -> list[Decoder]:
         """`Batching`: n sequences on this model, decoded in one native batch a step

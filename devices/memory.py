@@ -74,6 +74,14 @@ def _weights(gguf: GGUFFile) -> int:
     return sum(t.nbytes for t in gguf.tensors.values())
 
 
+def file_weight_bytes_per_token(gguf: GGUFFile) -> int:
+    """The file's tensor bytes one decode step reads as stored: all of them, but the embedding table where a
+    separate output head exists (then one row of it is gathered a token)."""
+    total = sum(t.nbytes for t in gguf.tensors.values())
+    embd = gguf.tensors.get("token_embd.weight")
+    return total - embd.nbytes if embd is not None and "output.weight" in gguf.tensors else total
+
+
 def llamacpp_memory(gguf: GGUFFile, n_ctx: int, kv_dtype: str = "f16", n_batch: int = 512) -> MemoryEstimate:
     """llama.cpp: the mapped file, a K and V per layer in `kv_dtype` for the context padded to 256, and the
     attention scores of one batch of `n_batch` tokens."""

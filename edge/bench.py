@@ -87,7 +87,7 @@ class BackendResult:
         out: dict[str, Any] = {"backend": self.backend, "device": self.device, "rounds": len(self.samples)}
         # the weights a token reads, against the file's (what llama.cpp reads), and the rate decode read them at
         file_bytes = int(roofline["weight_bytes_per_token"])
-        read = self.samples[0].weights_read or file_bytes
+        read = self.samples[0].weights_read
         if read > 0:
             out["weight_bytes_read_per_token"] = read
             out["weight_bytes_ratio_to_file"] = round(read / file_bytes, 4)

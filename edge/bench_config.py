@@ -133,6 +133,5 @@ class Sample:
     step_by_step_tok_s: float = 0.0
     fast_forward_identical: bool = True
     forced_tokens: int = 0
-    # bytes of weights a decode step read (Capabilities.weights_read; 0: the file's own blocks, as llama.cpp;
-    # -1: not known, a peer's own pipeline)
+    # bytes of weights a decode step read (Capabilities.weights_read; 0: not known, as a peer's own pipeline)
     weights_read: int = 0

@@ -71,7 +71,6 @@ def measure_peer(name: str, model: CheckedModel, prompt: list[int], cfg: BenchCo
     rss.sample()
     ttft_ms = float(first.get_ttft().mean)
     return Sample(
-        weights_read=-1,  # its own pipeline's weight layout: not known here
         load_s=load_s,
         ttft_ms=ttft_ms,
         prefill_tok_s=len(prompt) / (ttft_ms / 1e3),

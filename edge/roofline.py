@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from edge.devices.memory import file_weight_bytes_per_token
 from edge.models.gguf_file import GGUFFile
 
 __all__ = ["Bandwidth", "WeightBytes", "measure_read_bandwidth", "weight_bytes_per_token"]
 
 TOKEN_EMBEDDING = "token_embd.weight"
-OUTPUT_HEAD = "output.weight"
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,11 @@ class WeightBytes:
 def weight_bytes_per_token(gguf: GGUFFile) -> WeightBytes:
     """Sum of tensor bytes read to decode one token (KV-cache reads, small at these lengths, not counted)."""
     total = sum(t.nbytes for t in gguf.tensors.values())
-    embd = gguf.tensors.get(TOKEN_EMBEDDING)
-    if embd is not None and OUTPUT_HEAD in gguf.tensors:
+    per_token = file_weight_bytes_per_token(gguf)
+    if per_token < total:
         # NOTE: with a separate output head the embedding table is only gathered (one row per token).
         note = f"{TOKEN_EMBEDDING} excluded: only one row of it is gathered per token"
-        return WeightBytes(total - embd.nbytes, total, (TOKEN_EMBEDDING,), note)
+        return WeightBytes(per_token, total, (TOKEN_EMBEDDING,), note)
     note = (
         f"all tensors counted: the embeddings are tied, {TOKEN_EMBEDDING} is read in full as the output head"
     )

@@ -39,6 +39,7 @@ _X86_VARIANTS = (
     ("kq_avx512", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")),
 )
 _BUILD_LOCK = threading.Lock()
+_FAILED: BackendUnavailableError | None = None  # a build that failed, not tried again in this process
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,11 @@ def _source_text() -> dict[str, bytes]:
 
 
 def _key(sources: dict[str, bytes]) -> str:
-    """The source text and the machine: a library built once is used without a compiler afterwards."""
+    """The source text, the flags and the machine: a library built once is used without a compiler after."""
     h = hashlib.sha256()
     for name in sorted(sources):
         h.update(name.encode() + b"\0" + sources[name])
-    h.update(platform.machine().encode())
+    h.update(repr((_COMMON, _X86_VARIANTS)).encode() + platform.machine().encode())
     return h.hexdigest()[:20]
 
 
@@ -97,7 +98,13 @@ def _compile(cc: str, src: Path, out: Path) -> tuple[str, ...]:
 
 
 def _run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BackendUnavailableError(
+            f"building edge's K-quant kernels failed: {cmd[0]} could not run ({exc})",
+            hint="the lossless graphs run K-quant files meanwhile; set CC to a working C compiler",
+        ) from None
     if done.returncode != 0:
         raise BackendUnavailableError(
             f"building edge's K-quant kernels failed ({' '.join(cmd[:2])} ...): {done.stderr.strip()[-600:]}",
@@ -109,15 +116,32 @@ def _run(cmd: list[str]) -> None:
 def kernel_library() -> KernelBuild:
     """The built library, built now if this source and machine have none in the cache yet.
     BackendUnavailableError (with what to do) when it must be built and there is no compiler or the build
-    fails."""
+    fails; a failure is kept for the process (a draft and its target, a server's reloads, do not retry it)."""
+    global _FAILED
+    if _FAILED is not None:
+        raise _FAILED
     sources = _source_text()
     folder = cache_dir() / "kernels" / _key(sources)
     variants = tuple(n for n, _ in (_X86_VARIANTS if _is_x86() else _X86_VARIANTS[:1]))
     lib = folder / _LIB
     with _BUILD_LOCK:
-        if not lib.is_file():
-            _build(_compiler(), sources, folder)
-    return KernelBuild(lib, (folder / "compiler.txt").read_text(errors="replace").strip(), variants)
+        try:
+            if not lib.is_file():
+                _build(_compiler(), sources, folder)
+        except OSError as exc:  # the cache folder not writable, a disk full
+            _FAILED = BackendUnavailableError(
+                f"edge's K-quant kernels could not be built into {folder}: {exc}",
+                hint="free space or make the cache writable (EDGE_CACHE_DIR sets another)",
+            )
+            raise _FAILED from None
+        except BackendUnavailableError as exc:
+            _FAILED = exc
+            raise
+    try:
+        made_by = (folder / "compiler.txt").read_text(errors="replace").strip()
+    except OSError:
+        made_by = "unknown compiler"
+    return KernelBuild(lib, made_by, variants)
 
 
 def _build(cc: str, sources: dict[str, bytes], folder: Path) -> None:

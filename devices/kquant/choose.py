@@ -27,6 +27,8 @@ class _Wants(Protocol):
     precision: str
     static_shapes: bool
     kquant: bool | None
+    accuracy_level: int | None
+    head_accuracy_level: int | None
 
 
 def kquant_tensors(gguf: GGUFFile) -> int:

@@ -119,13 +119,15 @@ def test_a_forced_isa_this_cpu_cannot_run_is_an_error(
 def test_where_the_kernels_do_not_apply(
     tiny: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """exact keeps the lossless graph; a file without K-quant linears too; asking for the kernels there is an
-    error that says where they run; EDGE_KQUANT=off turns auto off."""
+    """exact keeps the lossless graph; so does an accuracy level other than int8's, and a file without K-quant
+    linears; asking for the kernels there is an error that says where they run; EDGE_KQUANT=off turns auto
+    off."""
     path = tiny("qwen2", "Q4_K")
     exact = GraphDecoder(open_gguf(path), GraphOptions(backend="ort", threads=1, precision="exact"))
     assert not exact.kquant
     with pytest.raises(DeviceError, match="ort:cpu at precision fast"):
         GraphDecoder(open_gguf(path), GraphOptions(backend="ort", precision="exact", kquant=True))
+    assert not _decoder(path, accuracy_level=0).kquant  # fp32 activations asked for: MatMulNBits keeps them
     f32 = write_tiny_model(path.with_name("plain-f32.gguf"), SPECS["qwen2"])
     assert not _decoder(f32).kquant
     monkeypatch.setenv("EDGE_KQUANT", "off")
@@ -144,6 +146,7 @@ def test_without_a_compiler_the_graph_falls_back_and_says_so(
     monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "fresh"))  # no library built here yet
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
+    monkeypatch.setattr(build, "_FAILED", None)  # restored (None) after the test: its failure is not kept
     build.kernel_library.cache_clear()
     choose._say_once.cache_clear()
     try:
@@ -154,6 +157,7 @@ def test_without_a_compiler_the_graph_falls_back_and_says_so(
             _decoder(tiny("qwen2", "Q4_K"), kquant=True)
     finally:
         build.kernel_library.cache_clear()
+        monkeypatch.setattr(build, "_FAILED", None)
 
 
 def test_rows_stay_batch_invariant(tiny: Callable[[str, str], Path]) -> None:

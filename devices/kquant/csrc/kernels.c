@@ -73,6 +73,10 @@ static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
             continue;
         }
         const float iscale = 127.0f / amax;
+        if (!isfinite(iscale)) { /* amax below ~3.7e-37: a zero block, not codes of the wrong sign */
+            memset(out, 0, sizeof *out);
+            continue;
+        }
         out->d = amax / 127.0f;
 #if defined(__AVX2__)
         const __m256 vs = _mm256_set1_ps(iscale);
@@ -100,39 +104,17 @@ static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
 }
 
 
-/* ---- Q4_K: 144 bytes = d, dmin (f16), 12 bytes of scales and mins, 128 bytes of 4-bit codes ------- */
+/* ---- Q4_K: 144 bytes = d, dmin (f16), 12 bytes of scales and mins, 128 bytes of 4-bit codes; Q5_K: 176 =
+ * the same with 32 bytes of fifth bits before the codes ---------------------------------------------- */
 
-static float dot_q4_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
+/* Q4_K and Q5_K (q5: its fifth bit, bit j of qh[l] for sub-block j) */
+static float dot_q45_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb, int q5) {
     float sum = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 144) {
+    for (int64_t b = 0; b < nb; b++, w += q5 ? 176 : 144) {
         const float d = y[b].d * half_to_float(w), dmin = y[b].d * half_to_float(w + 2);
         uint8_t sc[8], mn[8];
         scales_mins(w + 4, sc, mn);
-        const uint8_t *qs = w + 16;
-        const int8_t *ys = y[b].qs;
-        sum -= dmin * (float)mins_term(mn, y[b].bsums);
-        int32_t isum = 0;
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *q = qs + 32 * (j / 2);
-            const int shift = 4 * (j & 1);
-            int32_t t = 0;
-            for (int l = 0; l < 32; l++) t += ((q[l] >> shift) & 0xf) * ys[32 * j + l];
-            isum += sc[j] * t;
-        }
-        sum += d * (float)isum;
-    }
-    return sum;
-}
-
-/* ---- Q5_K: 176 bytes = d, dmin, 12 bytes of scales and mins, 32 bytes of high bits, 128 of low nibbles */
-
-static float dot_q5_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
-    float sum = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 176) {
-        const float d = y[b].d * half_to_float(w), dmin = y[b].d * half_to_float(w + 2);
-        uint8_t sc[8], mn[8];
-        scales_mins(w + 4, sc, mn);
-        const uint8_t *qh = w + 16, *qs = w + 48;
+        const uint8_t *qh = w + 16, *qs = w + (q5 ? 48 : 16);
         const int8_t *ys = y[b].qs;
         sum -= dmin * (float)mins_term(mn, y[b].bsums);
         int32_t isum = 0;
@@ -141,7 +123,7 @@ static float dot_q5_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
             const int shift = 4 * (j & 1);
             int32_t t = 0;
             for (int l = 0; l < 32; l++) {
-                const int code = ((q[l] >> shift) & 0xf) | (((qh[l] >> j) & 1) << 4);
+                const int code = ((q[l] >> shift) & 0xf) | (q5 ? ((qh[l] >> j) & 1) << 4 : 0);
                 t += code * ys[32 * j + l];
             }
             isum += sc[j] * t;
@@ -150,6 +132,9 @@ static float dot_q5_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
     }
     return sum;
 }
+
+static float dot_q4_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_c(w, y, nb, 0); }
+static float dot_q5_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) { return dot_q45_k_c(w, y, nb, 1); }
 
 /* ---- Q6_K: 210 bytes = 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d (f16) ----- */
 

@@ -251,7 +251,7 @@ static const OrtCustomOp MATMUL_KQUANT = {
 /* what ORT calls when Python's SessionOptions.register_custom_ops_library loads this library */
 OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
     OrtApiTable api = base->GetApi(KQ_ORT_API_VERSION);
-    if (api == NULL) return NULL; /* older than ORT 1.17: edge checks the version before it registers */
+    if (api == NULL) return NULL; /* older than ORT 1.17: edge requires onnxruntime >= 1.20 */
     OrtCustomOpDomain *domain = NULL;
     OrtStatus *st = ORT(api, CreateCustomOpDomain)("edge.kquant", &domain);
     if (st == NULL) st = ORT(api, CustomOpDomain_Add)(domain, &MATMUL_KQUANT);
