@@ -46,15 +46,15 @@ def kquant_library(gguf: GGUFFile, opts: _Wants) -> Path | None:
     linears and the kernels build (else a note, once, and the lossless MatMulNBits graph); True: required."""
     if opts.kquant is False or (opts.kquant is None and os.environ.get("EDGE_KQUANT", "").lower() in _OFF):
         return None
-    runs_here = (opts.backend, opts.device, opts.precision) == (
-        "ort",
-        "cpu",
-        "fast",
-    ) and not opts.static_shapes
-    if not runs_here or not kquant_tensors(gguf):
+    where = (opts.backend, opts.device, opts.precision)
+    runs_here = where == ("ort", "cpu", "fast") and not opts.static_shapes
+    # an accuracy level asked for other than int8 activations (4) is a promise the kernels would not keep
+    levels = {opts.accuracy_level, opts.head_accuracy_level} <= {None, 4}
+    if not runs_here or not levels or not kquant_tensors(gguf):
         if opts.kquant:
             raise DeviceError(
-                "edge's K-quant kernels run on ort:cpu at precision fast, on files with K-quant linears",
+                "edge's K-quant kernels run on ort:cpu at precision fast (int8 activations, no other "
+                "accuracy level), on files with K-quant linears",
                 hint="drop the kquant option, or use --backend ort --precision fast on a Q4_K/Q5_K/Q6_K file",
             )
         return None
