@@ -68,6 +68,7 @@ def _compiler() -> str:
     return cc
 
 
+@lru_cache(maxsize=1)
 def _source_text() -> dict[str, bytes]:
     folder = resources.files("edge.devices.kquant") / "csrc"
     return {name: (folder / name).read_bytes() for name in _SOURCES}
@@ -112,9 +113,9 @@ def _run(cmd: list[str]) -> None:
         )
 
 
-@lru_cache(maxsize=1)
 def kernel_library() -> KernelBuild:
-    """The built library, built now if this source and machine have none in the cache yet.
+    """The built library in the cache as it is now, built if this source and machine have none there (the
+    cache may have moved or been emptied since the last call: EDGE_CACHE_DIR, `edge cache --prune`).
     BackendUnavailableError (with what to do) when it must be built and there is no compiler or the build
     fails; a failure is kept for the process (a draft and its target, a server's reloads, do not retry it)."""
     global _FAILED

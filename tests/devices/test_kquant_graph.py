@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from edge.devices.graph_decoder import GraphDecoder, GraphOptions
-from edge.devices.kquant import ISAS, isa_runs
+from edge.devices.kquant import ISAS, isa_runs, kernel_library
 from edge.errors import BackendUnavailableError, DeviceError
 from edge.graph_opt import kquant_op
 from edge.models.gguf_file import open_gguf
@@ -147,7 +147,6 @@ def test_without_a_compiler_the_graph_falls_back_and_says_so(
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
     monkeypatch.setattr(build, "_FAILED", None)  # restored (None) after the test: its failure is not kept
-    build.kernel_library.cache_clear()
     choose._say_once.cache_clear()
     try:
         dec = _decoder(tiny("qwen2", "Q4_K"))
@@ -156,8 +155,19 @@ def test_without_a_compiler_the_graph_falls_back_and_says_so(
         with pytest.raises(BackendUnavailableError, match="C compiler"):
             _decoder(tiny("qwen2", "Q4_K"), kquant=True)
     finally:
-        build.kernel_library.cache_clear()
         monkeypatch.setattr(build, "_FAILED", None)
+
+
+def test_a_cache_emptied_since_is_built_into_again(
+    tiny: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A process whose cache folder changes (or is pruned) between two loads builds into the new one, never
+    hands ORT a library path that is gone."""
+    first = kernel_library().path
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "elsewhere"))
+    dec = _decoder(tiny("qwen2", "Q4_K"))
+    assert dec.kquant and dec.forward([5, 6, 7]).shape[0] == 3
+    assert kernel_library().path != first and kernel_library().path.is_relative_to(tmp_path)
 
 
 def test_rows_stay_batch_invariant(tiny: Callable[[str, str], Path]) -> None:
