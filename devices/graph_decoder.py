@@ -226,7 +226,7 @@ def graph_weight_bytes(model_path: Path) -> int:
 
 def build_options(cfg: ArchConfig, opts: GraphOptions, kquant: bool = False) -> BuildOptions:
     """The builder's options for a GraphDecoder's graph (what `ensure_graph` is called with); `kquant` as
-    `kquant_wanted` decided it."""
+    `devices.kquant.kquant_library` decided it."""
     level = opts.accuracy_level
     if level is None:
         level = 0 if graph_precision(opts.precision) == "exact" else 4
@@ -261,7 +261,7 @@ class GraphDecoder(RingDecoder):
         built = graph_precision(opts.precision)  # bf16: the exact graph, rounded by the runtime
         kernels = kquant_library(gguf, opts)
         build = build_options(cfg, opts, kquant=kernels is not None)
-        self.kquant = kernels is not None  # K-quant linears run on edge's kernels (what the bench reports)
+        self.kquant = kernels is not None  # K-quant linears run on edge's kernels
         self.staged, self.slot_axis = build.staged, build.slot_axis
         model_path = ensure_graph(gguf, cfg, build, opts.backend, fuse=opts.fuse, precision=built)
         self.graph_path = model_path  # the cached ONNX graph the runner compiled

@@ -274,22 +274,8 @@ class _Builder:
         gate+up): per token one kernel and one block-sum instead of several."""
         kq = [self._kquant_rows(p.tensor, p.rows) for p in projs]
         biases = [self._bias(p.tensor, p.rows) for p in projs]
-        if all(r is not None for r in kq) and len({r[0] for r in kq if r is not None}) == 1:
-            stacked = np.concatenate([r[1] for r in kq if r is not None])
-            label = projs[0].label.replace(".weight", "") + "_fused"
-            y = self._emit_kquant(x, kq[0][0], stacked, label)  # type: ignore[index]
-            return self._split_fused(y, projs, biases, [r[1].shape[0] for r in kq if r is not None])
-        if any(r is not None for r in kq):  # mixed types (Q4_K_M's Q6_K V rows): one op each
-            return [
-                self._bias_added(
-                    self._emit_kquant(x, *r, p.label)
-                    if r is not None
-                    else self._emit(x, self._proj_weight(p), p.label, None),
-                    p.label,
-                    b,
-                )
-                for p, r, b in zip(projs, kq, biases, strict=True)
-            ]
+        if any(r is not None for r in kq):
+            return self._kquant_linears(x, projs, kq, biases)
         decoded: dict[str, BlockWeight | np.ndarray] = {}  # a fused tensor is decoded once for its shares
         for p in projs:
             if p.tensor not in decoded:
@@ -303,6 +289,37 @@ class _Builder:
             ]
         y = self._emit(x, fused, projs[0].label.replace(".weight", "") + "_fused", None)
         return self._split_fused(y, projs, biases, [w_n(w) for w in ws])
+
+    def _kquant_linears(
+        self,
+        x: str,
+        projs: Sequence[_Proj],
+        kq: Sequence[tuple[int, np.ndarray] | None],
+        biases: Sequence[np.ndarray | None],
+    ) -> list[str]:
+        """`linears` where K-quant rows are among them: the shares of one GGML type stacked into one op (the
+        activations rounded once for them; Q4_K_M's Q4_K Q/K beside its Q6_K V: two ops), the rest as usual."""
+        outs: dict[int, str] = {}
+        by_type: dict[int | None, list[int]] = {}
+        for i, r in enumerate(kq):
+            by_type.setdefault(None if r is None else r[0], []).append(i)
+        for t, idx in by_type.items():
+            if t is None:
+                for i in idx:
+                    y = self._emit(x, self._proj_weight(projs[i]), projs[i].label, None)
+                    outs[i] = self._bias_added(y, projs[i].label, biases[i])
+                continue
+            rows = [kq[i][1] for i in idx]  # type: ignore[index]
+            label = projs[idx[0]].label
+            y = self._emit_kquant(x, t, np.concatenate(rows), label if len(idx) == 1 else label + "_fused")
+            if len(idx) == 1:
+                outs[idx[0]] = self._bias_added(y, label, biases[idx[0]])
+                continue
+            parts = self._split_fused(
+                y, [projs[i] for i in idx], [biases[i] for i in idx], [len(r) for r in rows]
+            )
+            outs.update(zip(idx, parts, strict=True))
+        return [outs[i] for i in range(len(projs))]
 
     def _proj_weight(self, p: _Proj) -> BlockWeight | np.ndarray:
         w = self._weight(p.tensor, None)

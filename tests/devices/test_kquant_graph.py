@@ -82,7 +82,9 @@ def test_logits_follow_the_float64_forward(arch: str, mix: str, tiny: Callable[[
     ids = ids_for(N, seed=3)
     want = ref.forward(ref.load(path), ids)
     kq = _decoder(path)
-    assert kq.kquant and _kquant_nodes(kq) > 0
+    # per layer: Q/K/V stacked where their types agree (Q4_K_M-like: Q/K, then V apart), the output, gate and
+    # up stacked, down; then the head. Each op rounds its input once: fewer ops, fewer roundings a token
+    assert kq.kquant and _kquant_nodes(kq) == 2 * (5 if mix == "Q4_K_M-like" else 4) + 1
     ours = _feed(kq, ids)
     nbits = _decoder(path, kquant=False)
     assert not nbits.kquant and _kquant_nodes(nbits) == 0
