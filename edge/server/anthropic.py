@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.server.core import ClientGone, Core, CoreRequest, Outcome, Prepared, classify
+from edge.server.core import Core, CoreRequest, Outcome, Prepared, classify
 from edge.server.scheduler import Failed, Job
 from edge.server.unsupported import UnsupportedValue
 from edge.tools import ToolCall
@@ -264,12 +264,9 @@ class MessagesAPI:
         rid = "msg_" + uuid.uuid4().hex[:24]
         if prep.stream:
             return EventSourceResponse(self._events(prep, job, rid, req), ping=15)
-        try:
-            out = await self.core.answer(prep, job, request)
-        except ClientGone:
-            return Response(status_code=499)
-        except Exception as exc:
-            return error(exc)
+        out = await self.core.answer_or_response(prep, job, request, error)
+        if isinstance(out, Response):
+            return out
         content: list[dict[str, Any]] = (
             [{"type": "text", "text": out.text}] if out.text or not out.calls else []
         )

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
+from starlette.responses import Response
 
 from edge.errors import (
     ContextOverflowError,
@@ -337,6 +338,17 @@ class Core:
         text, result = await wait_or_gone(job, prep.sched, request)
         content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
         return Outcome(content, calls, result, extra_stats(result, job, prep.notes))
+
+    async def answer_or_response(
+        self, prep: Prepared, job: Job, request: Request, error: Callable[[BaseException], Response]
+    ) -> Outcome | Response:
+        """The whole answer, or what to send instead: 499 when the client left, else the protocol's `error`."""
+        try:
+            return await self.answer(prep, job, request)
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it
+        except Exception as exc:
+            return error(exc)
 
     async def pieces(self, prep: Prepared, job: Job) -> AsyncIterator[str | ToolCall | Outcome | Failed]:
         """The answer as it comes: text, whole tool calls, then its Outcome (text: all of it) or a Failed.

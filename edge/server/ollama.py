@@ -23,7 +23,7 @@ from starlette.routing import Route
 import edge
 from edge.server import ollama_models as om
 from edge.server.config import parse_duration
-from edge.server.core import ClientGone, Core, CoreRequest, Outcome, Prepared, classify
+from edge.server.core import Core, CoreRequest, Outcome, Prepared, classify
 from edge.server.scheduler import Failed, Job
 from edge.server.unsupported import UnsupportedValue
 from edge.tools import ToolCall
@@ -335,12 +335,9 @@ class OllamaAPI:
             return StreamingResponse(
                 self._lines(prep, job, model, chat, started), media_type="application/x-ndjson"
             )
-        try:
-            out = await self.core.answer(prep, job, request)
-        except ClientGone:
-            return Response(status_code=499)
-        except Exception as exc:
-            return error(exc)
+        out = await self.core.answer_or_response(prep, job, request, error)
+        if isinstance(out, Response):
+            return out
         body = _final(model, out, started)
         if chat:
             message: dict[str, Any] = {"role": "assistant", "content": out.text}

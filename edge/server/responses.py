@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge.server import protocol as p
-from edge.server.core import ClientGone, Core, CoreRequest, Outcome, Prepared, classify
+from edge.server.core import Core, CoreRequest, Outcome, Prepared, classify
 from edge.server.scheduler import Failed, Job
 from edge.server.unsupported import UnsupportedValue
 from edge.tools import ToolCall
@@ -238,12 +238,9 @@ class ResponsesAPI:
             return EventSourceResponse(
                 _Events(self, prep, job, self._shell(rid, req, "in_progress")).run(), ping=15
             )
-        try:
-            out = await self.core.answer(prep, job, request)
-        except ClientGone:
-            return Response(status_code=499)
-        except Exception as exc:
-            return error(exc)
+        out = await self.core.answer_or_response(prep, job, request, error)
+        if isinstance(out, Response):
+            return out
         status = "incomplete" if _cut(out) else "completed"
         output = [_message_item(out.text, status)] if out.text or not out.calls else []
         output += [_call_item(c) for c in out.calls]
