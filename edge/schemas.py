@@ -18,19 +18,35 @@ from edge.errors import GrammarError
 
 __all__ = ["KEYWORDS", "ReadSchema", "check_schema", "read_schema", "unknown_keywords"]
 
-# JSON Schema's vocabulary (2020-12 with draft 7's spellings): a key outside it constrains nothing in a
-# validator, so a misspelt keyword ("propertis") would leave the answer silently unconstrained
-KEYWORDS = frozenset(
+# keywords that say nothing of which values are valid: a key that resembles one of these is harmless
+ANNOTATIONS = frozenset(
     [
         "$schema",
         "$id",
-        "$ref",
-        "$defs",
         "$anchor",
-        "$dynamicRef",
-        "$dynamicAnchor",
         "$vocabulary",
         "$comment",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "contentEncoding",
+        "contentMediaType",
+        "contentSchema",
+    ]
+)
+
+# JSON Schema's vocabulary (2020-12 with draft 7's spellings): a key outside it constrains nothing in a
+# validator, so a misspelt keyword ("propertis") would leave the answer silently unconstrained
+KEYWORDS = ANNOTATIONS | frozenset(
+    [
+        "$ref",
+        "$defs",
+        "$dynamicRef",
+        "$dynamicAnchor",
         "$recursiveRef",
         "$recursiveAnchor",
         "definitions",
@@ -74,16 +90,6 @@ KEYWORDS = frozenset(
         "then",
         "else",
         "dependentSchemas",
-        "title",
-        "description",
-        "default",
-        "examples",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "contentEncoding",
-        "contentMediaType",
-        "contentSchema",
     ]
 )
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -122,26 +128,6 @@ def unknown_keywords(schema: Any, path: str = "#") -> list[str]:
     return found
 
 
-# keywords that say nothing of which values are valid: a key that resembles one of these is harmless
-ANNOTATIONS = frozenset(
-    [
-        "$schema",
-        "$id",
-        "$anchor",
-        "$vocabulary",
-        "$comment",
-        "title",
-        "description",
-        "default",
-        "examples",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-        "contentEncoding",
-        "contentMediaType",
-        "contentSchema",
-    ]
-)
 _CONSTRAINING = sorted(KEYWORDS - ANNOTATIONS)
 _CONSTRAINING_LOWER = {k.lower(): k for k in _CONSTRAINING}
 _NOTED = 8  # paths named in one note at most
