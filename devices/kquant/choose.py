@@ -32,11 +32,13 @@ class _Wants(Protocol):
 
 
 def kquant_tensors(gguf: GGUFFile) -> int:
-    """How many of the file's 2-D tensors the kernels read (K-quant types, rows of 256-multiples)."""
+    """How many of the file's linears the kernels read (K-quant types, rows of 256-multiples); the embedding
+    table counts only where it is the head too (tied), else its rows are only gathered."""
+    gathered = "token_embd.weight" if "output.weight" in gguf.tensors else None
     return sum(
         1
-        for t in gguf.tensors.values()
-        if len(t.shape) == 2 and kquant_op.takes(t.ggml_type, int(t.shape[0]))
+        for name, t in gguf.tensors.items()
+        if name != gathered and len(t.shape) == 2 and kquant_op.takes(t.ggml_type, int(t.shape[0]))
     )
 
 
