@@ -14,7 +14,7 @@ from edge.graph_opt.kquant_op import row_bytes, takes
 __all__ = ["ISAS", "best_isa", "isa_runs", "matmul"]
 
 # the instruction sets the library has kernels for, by the id csrc/kquant.h gives them
-ISAS = {"portable": 0, "avx2": 1, "avx512": 2}
+ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "avx512vnni": 3}
 _F32P = ctypes.POINTER(ctypes.c_float)
 _U8P = ctypes.POINTER(ctypes.c_uint8)
 

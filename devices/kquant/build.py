@@ -22,7 +22,7 @@ from edge.models.store import cache_dir
 __all__ = ["KernelBuild", "kernel_library"]
 
 _LIB = "libedge_kquant.so"
-_SOURCES = ("kquant.h", "kernels.c", "kernels_simd.h", "dispatch.c", "ort_op.c")
+_SOURCES = ("kquant.h", "kernels.c", "kernels_simd.h", "gemm_avx512.h", "dispatch.c", "ort_op.c")
 _COMMON = (
     "-O3",
     "-fPIC",
@@ -37,6 +37,7 @@ _X86_VARIANTS = (
     ("kq_portable", ()),
     ("kq_avx2", ("-mavx2", "-mfma", "-mf16c")),
     ("kq_avx512", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")),
+    ("kq_avx512vnni", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
 )
 _BUILD_LOCK = threading.Lock()
 _FAILED: BackendUnavailableError | None = None  # a build that failed, not tried again in this process

@@ -32,22 +32,38 @@ static int cpu_has_avx512(void) {
 #endif
 }
 
+static int cpu_has_avx512vnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
 const kq_kernels *kq_kernels_for(int isa) {
     switch (isa) {
     case KQ_ISA_PORTABLE: return &kq_portable;
 #if defined(__x86_64__) || defined(__i386__)
     case KQ_ISA_AVX2: return cpu_has_avx2() ? &kq_avx2 : NULL;
     case KQ_ISA_AVX512: return cpu_has_avx512() ? &kq_avx512 : NULL;
+    case KQ_ISA_AVX512VNNI: return cpu_has_avx512vnni() ? &kq_avx512vnni : NULL;
 #endif
     default: return NULL;
     }
 }
 
 int kq_best_isa(void) {
+    if (cpu_has_avx512vnni()) return KQ_ISA_AVX512VNNI;
     if (cpu_has_avx512()) return KQ_ISA_AVX512;
     if (cpu_has_avx2()) return KQ_ISA_AVX2;
     return KQ_ISA_PORTABLE;
 }
+
+/* from how many activation rows the tiled product (where the ISA has one) beats the row kernels: below, its
+ * decoding of the tile is not paid back; the bits are the same either way */
+#ifndef KQ_GEMM_MIN_ROWS
+#define KQ_GEMM_MIN_ROWS 8
+#endif
 
 void kq_matmul_rows(const kq_kernels *kern, int type, const kq_block_q8 *xq, int64_t m, int64_t k,
                     const uint8_t *w, int64_t n0, int64_t n1, int64_t n_total, float *y) {
@@ -57,6 +73,10 @@ void kq_matmul_rows(const kq_kernels *kern, int type, const kq_block_q8 *xq, int
             type == KQ_Q4_K ? kern->dot_q4_k : type == KQ_Q5_K ? kern->dot_q5_k : kern->dot_q6_k;
         for (int64_t n = n0; n < n1; n++) y[n] = dot(w + n * rb, xq, nb);
         return;
+    }
+    if (kern->gemm != NULL && m >= KQ_GEMM_MIN_ROWS) {
+        const int64_t whole = n0 + (n1 - n0) / 32 * 32;
+        if (whole > n0 && kern->gemm(type, w, xq, m, nb, n0, whole, n_total, y) == 0) n0 = whole;
     }
     /* a few weight rows at a time against every activation row, four of those a call: the weight rows stay
      * in L1 while m runs, and each block is decoded once per four activation rows */

@@ -2,6 +2,7 @@
  * name (kq_portable, kq_avx2, kq_avx512). The portable C is the reference the SIMD paths are tested against
  * (and all of them against a float64 dequantize-and-dot in Python). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kquant.h"
@@ -57,6 +58,12 @@ static inline int32_t mins_term(const uint8_t mn[8], const int16_t *bsums) {
     return s;
 }
 
+/* One block's share of a product, added as every kernel adds it (the portable C, each SIMD row kernel and
+ * the tiled GEMM): the block's integer sum is exact whatever order its terms were added in, then one fused
+ * multiply-add by (weight scale x activation scale) in block order. So a row's bits do not depend on the
+ * kernel or on how many rows share the call (batch-invariant rows, which greedy speculative decoding needs). */
+static inline float block_sum(float acc, float scale, int32_t isum) { return fmaf(scale, (float)isum, acc); }
+
 /* ---- activations -------------------------------------------------------------------------------- */
 
 static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
@@ -111,12 +118,10 @@ static void quantize(const float *x, kq_block_q8 *y, int64_t k) {
 static float dot_q45_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb, int q5) {
     float sum = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += q5 ? 176 : 144) {
-        const float d = y[b].d * half_to_float(w), dmin = y[b].d * half_to_float(w + 2);
         uint8_t sc[8], mn[8];
         scales_mins(w + 4, sc, mn);
         const uint8_t *qh = w + 16, *qs = w + (q5 ? 48 : 16);
         const int8_t *ys = y[b].qs;
-        sum -= dmin * (float)mins_term(mn, y[b].bsums);
         int32_t isum = 0;
         for (int j = 0; j < 8; j++) {
             const uint8_t *q = qs + 32 * (j / 2);
@@ -128,7 +133,8 @@ static float dot_q45_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb, int
             }
             isum += sc[j] * t;
         }
-        sum += d * (float)isum;
+        sum = block_sum(sum, half_to_float(w) * y[b].d, isum);
+        sum = block_sum(sum, -(half_to_float(w + 2) * y[b].d), mins_term(mn, y[b].bsums));
     }
     return sum;
 }
@@ -143,12 +149,10 @@ static float dot_q6_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, w += 210) {
         const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
-        const float d = y[b].d * half_to_float(w + 208);
         const int8_t *ys = y[b].qs;
         /* codes are stored + 32: subtract 32 * sum_g sc_g * (sum of group g's activation codes) */
         int32_t offset = 0;
         for (int g = 0; g < 16; g++) offset += sc[g] * y[b].bsums[g];
-        sum -= 32.0f * d * (float)offset;
         int32_t isum = 0;
         for (int half = 0; half < 2; half++) {
             const uint8_t *l = ql + 64 * half, *h = qh + 32 * half;
@@ -161,12 +165,13 @@ static float dot_q6_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
                 }
             }
         }
-        sum += d * (float)isum;
+        sum = block_sum(sum, half_to_float(w + 208) * y[b].d, isum - 32 * offset);
     }
     return sum;
 }
 
 #include "kernels_simd.h"
+#include "gemm_avx512.h"
 
 /* NOTE: one row alone and the same row among others must give the same bits (batch-invariant rows, which
  * greedy speculative decoding relies on): a single-row kernel is its type's rows kernel with one row. */
@@ -217,4 +222,8 @@ static void dotn(int type, const uint8_t *w, const kq_block_q8 *const *ys, int n
     for (int r = 0; r < nr; r++) out[r] = dot(w, ys[r], nb);
 }
 
-const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn};
+#if defined(__AVX512BW__)
+const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn, gemm};
+#else
+const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn, NULL};
+#endif

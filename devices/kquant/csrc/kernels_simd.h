@@ -12,11 +12,13 @@ static inline void prefetch_block(const uint8_t *w, int bytes) {
     for (int at = 0; at < bytes; at += 64) _mm_prefetch((const char *)w + KQ_PREFETCH + at, _MM_HINT_T0);
 }
 
-static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+static inline int32_t hsum_epi32_128(__m128i v) {
+    v = _mm_add_epi32(v, _mm_unpackhi_epi64(v, v));
+    return _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32(v, 0xb1)));
+}
+
+static inline int32_t hsum_epi32(__m256i v) {
+    return hsum_epi32_128(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
 /* Q4_K / Q5_K's 12 bytes of 6-bit scales and mins as 16 bytes: scales 0..7, then mins 0..7 (the high two
@@ -60,8 +62,7 @@ static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *y
                                    int q5, float *out) {
     const int bytes = q5 ? 176 : 144;
     const __m256i m4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m128 accm[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++, w += bytes) {
         prefetch_block(w, bytes);
         const float d = _cvtsh_ss((uint16_t)(w[0] | (w[1] << 8)));
@@ -89,18 +90,17 @@ static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *y
         }
         for (int r = 0; r < nr; r++) {
             const float yd = ys[r][b].d;
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * yd), _mm256_cvtepi32_ps(isum[r]), acc[r]);
-            accm[r] = _mm_fmadd_ps(_mm_set1_ps(dmin * yd), _mm_cvtepi32_ps(mins_simd(sm, &ys[r][b])), accm[r]);
+            acc[r] = block_sum(acc[r], d * yd, hsum_epi32(isum[r]));
+            acc[r] = block_sum(acc[r], -(dmin * yd), hsum_epi32_128(mins_simd(sm, &ys[r][b])));
         }
     }
-    for (int r = 0; r < nr; r++) /* the mins' term into the low lanes: one horizontal sum a row */
-        out[r] = hsum_ps(_mm256_sub_ps(acc[r], _mm256_zextps128_ps256(accm[r])));
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 
 static inline void dotn_q6_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb,
                                   float *out) {
     const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++, w += 210) {
         prefetch_block(w, 210);
         const uint8_t *ql = w, *qh = w + 128;
@@ -129,10 +129,9 @@ static inline void dotn_q6_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys
                     isum[r] = _mm256_add_epi32(isum[r], dot32(q[i], ys[r][b].qs + 128 * half + 32 * i, s));
             }
         }
-        for (int r = 0; r < nr; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * ys[r][b].d), _mm256_cvtepi32_ps(isum[r]), acc[r]);
+        for (int r = 0; r < nr; r++) acc[r] = block_sum(acc[r], d * ys[r][b].d, hsum_epi32(isum[r]));
     }
-    for (int r = 0; r < nr; r++) out[r] = hsum_ps(acc[r]);
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 
 #endif
@@ -154,7 +153,7 @@ static inline void dotn_q6_k_avx512(const uint8_t *w, const kq_block_q8 *const *
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9,
                          8, 7, 6, 5, 4, 3, 2, 1, 0),
         3);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++, w += 210) {
         prefetch_block(w, 210);
         const uint8_t *ql = w, *qh = w + 128;
@@ -183,8 +182,8 @@ static inline void dotn_q6_k_avx512(const uint8_t *w, const kq_block_q8 *const *
             }
         }
         for (int r = 0; r < nr; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * ys[r][b].d), _mm512_cvtepi32_ps(isum[r]), acc[r]);
+            acc[r] = block_sum(acc[r], d * ys[r][b].d, _mm512_reduce_add_epi32(isum[r]));
     }
-    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 #endif

@@ -34,14 +34,19 @@ typedef struct {
     float (*dot_q6_k)(const uint8_t *w, const kq_block_q8 *y, int64_t nb);
     /* one weight row against nr <= 4 activation rows (each nb blocks), decoding the row once */
     void (*dotn)(int type, const uint8_t *w, const kq_block_q8 *const *ys, int nr, int64_t nb, float *out);
+    /* many activation rows against the weight rows n0 .. n1 - 1 ((n1 - n0) % 32 == 0), the same bits as dotn:
+     * 0, or -1 when it could not run (no memory); NULL where this ISA has none */
+    int (*gemm)(int type, const uint8_t *w, const kq_block_q8 *xq, int64_t m, int64_t nb, int64_t n0, int64_t n1,
+                int64_t n_total, float *y);
 } kq_kernels;
 
 extern const kq_kernels kq_portable;
 extern const kq_kernels kq_avx2;
 extern const kq_kernels kq_avx512;
+extern const kq_kernels kq_avx512vnni;
 
 /* ISA ids, as edge's Python side names them */
-enum { KQ_ISA_PORTABLE = 0, KQ_ISA_AVX2 = 1, KQ_ISA_AVX512 = 2 };
+enum { KQ_ISA_PORTABLE = 0, KQ_ISA_AVX2 = 1, KQ_ISA_AVX512 = 2, KQ_ISA_AVX512VNNI = 3 };
 
 /* bytes of one row of k weights of `type` (0: not a type these kernels take, or k not a multiple of 256) */
 int64_t kq_row_bytes(int type, int64_t k);

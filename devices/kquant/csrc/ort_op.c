@@ -121,6 +121,7 @@ static const kq_kernels *chosen_kernels(void) {
     if (strcmp(want, "portable") == 0) return kq_kernels_for(KQ_ISA_PORTABLE);
     if (strcmp(want, "avx2") == 0) return kq_kernels_for(KQ_ISA_AVX2);
     if (strcmp(want, "avx512") == 0) return kq_kernels_for(KQ_ISA_AVX512);
+    if (strcmp(want, "avx512vnni") == 0) return kq_kernels_for(KQ_ISA_AVX512VNNI);
     return NULL;
 }
 
