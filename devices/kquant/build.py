@@ -22,7 +22,7 @@ from edge.models.store import cache_dir
 __all__ = ["KernelBuild", "kernel_library"]
 
 _LIB = "libedge_kquant.so"
-_SOURCES = ("kquant.h", "kernels.c", "kernels_simd.h", "gemm_avx512.h", "dispatch.c", "ort_op.c")
+_SOURCES = ("kquant.h", "kernels.c", "kernels_simd.h", "gemm.h", "dispatch.c", "ort_op.c")
 _COMMON = (
     "-O3",
     "-fPIC",

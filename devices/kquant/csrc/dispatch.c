@@ -75,7 +75,7 @@ void kq_matmul_rows(const kq_kernels *kern, int type, const kq_block_q8 *xq, int
         return;
     }
     if (kern->gemm != NULL && m >= KQ_GEMM_MIN_ROWS) {
-        const int64_t whole = n0 + (n1 - n0) / 32 * 32;
+        const int64_t whole = n0 + (n1 - n0) / kern->gemm_rows * kern->gemm_rows;
         if (whole > n0 && kern->gemm(type, w, xq, m, nb, n0, whole, n_total, y) == 0) n0 = whole;
     }
     /* a few weight rows at a time against every activation row, four of those a call: the weight rows stay

@@ -171,7 +171,7 @@ static float dot_q6_k_c(const uint8_t *w, const kq_block_q8 *y, int64_t nb) {
 }
 
 #include "kernels_simd.h"
-#include "gemm_avx512.h"
+#include "gemm.h"
 
 /* NOTE: one row alone and the same row among others must give the same bits (batch-invariant rows, which
  * greedy speculative decoding relies on): a single-row kernel is its type's rows kernel with one row. */
@@ -222,8 +222,8 @@ static void dotn(int type, const uint8_t *w, const kq_block_q8 *const *ys, int n
     for (int r = 0; r < nr; r++) out[r] = dot(w, ys[r], nb);
 }
 
-#if defined(__AVX512BW__)
-const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn, gemm};
+#if defined(__AVX2__)
+const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn, gemm, GEMM_ROWS};
 #else
-const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn, NULL};
+const kq_kernels KQ_NAME = {quantize, dot_q4_k, dot_q5_k, dot_q6_k, dotn, NULL, 0};
 #endif

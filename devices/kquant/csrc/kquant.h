@@ -34,10 +34,11 @@ typedef struct {
     float (*dot_q6_k)(const uint8_t *w, const kq_block_q8 *y, int64_t nb);
     /* one weight row against nr <= 4 activation rows (each nb blocks), decoding the row once */
     void (*dotn)(int type, const uint8_t *w, const kq_block_q8 *const *ys, int nr, int64_t nb, float *out);
-    /* many activation rows against the weight rows n0 .. n1 - 1 ((n1 - n0) % 32 == 0), the same bits as dotn:
-     * 0, or -1 when it could not run (no memory); NULL where this ISA has none */
+    /* many activation rows against the weight rows n0 .. n1 - 1 ((n1 - n0) % gemm_rows == 0), the same bits as
+     * dotn: 0, or -1 when it could not run (no memory); NULL where this ISA has none */
     int (*gemm)(int type, const uint8_t *w, const kq_block_q8 *xq, int64_t m, int64_t nb, int64_t n0, int64_t n1,
                 int64_t n_total, float *y);
+    int gemm_rows;
 } kq_kernels;
 
 extern const kq_kernels kq_portable;
