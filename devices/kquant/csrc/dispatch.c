@@ -62,7 +62,7 @@ int kq_best_isa(void) {
 /* from how many activation rows the tiled product (where the ISA has one) beats the row kernels: below, its
  * decoding of the tile is not paid back; the bits are the same either way */
 #ifndef KQ_GEMM_MIN_ROWS
-#define KQ_GEMM_MIN_ROWS 8
+#define KQ_GEMM_MIN_ROWS 12
 #endif
 
 void kq_matmul_rows(const kq_kernels *kern, int type, const kq_block_q8 *xq, int64_t m, int64_t k,
