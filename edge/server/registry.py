@@ -223,15 +223,12 @@ class Registry:
             from edge.server.unsupported import UnsupportedValue
 
             raise UnsupportedValue("model", f"{name} is an embedding model: POST /v1/embeddings")
-        if name not in self.names():
-            raise ModelNotFoundError(
-                f"the model {name!r} does not exist on this server",
-                hint="GET /v1/models lists the ones it serves",
-            )
+        self._check_known(name)
         with self._lock:
             sched = self._loaded.get(name)
             if sched is not None:
                 return sched
+            self._check_known(name)  # again: a delete (Registry.unused) may have held the lock meanwhile
             if len(self._loaded) >= self.config.models_max:
                 self._evict()
             known = self._known.get(name)
@@ -239,6 +236,13 @@ class Registry:
             self._known.setdefault(name, _Known(name, pinned=False))
             self._loaded[name] = sched
             return sched
+
+    def _check_known(self, name: str) -> None:
+        if name not in self.names():
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist on this server",
+                hint="GET /v1/models lists the ones it serves",
+            )
 
     # -- keep-alive ------------------------------------------------------------------------------
     def keep_alive(self, name: str, seconds: float | None) -> None:
