@@ -136,11 +136,13 @@ class _Pulling:
 
     def _ended(self, work: asyncio.Future[Any]) -> None:
         # the outcome is taken here too, so a pull whose client left is logged, never "never retrieved"
-        exc = None if work.cancelled() else work.exception()
+        exc = PullCancelled("the server stopped") if work.cancelled() else work.exception()
         if exc is None:
             log.info("pulled %s", self.entry.name)
+        elif isinstance(exc, PullCancelled):
+            log.info("pull of %s stopped: %s", self.entry.name, exc)
         else:
-            log.info("pull of %s ended: %s", self.entry.name, exc)
+            log.warning("pull of %s failed: %s", self.entry.name, exc)
 
     async def next_report(self) -> Report | None:
         """The next report; None once the pull has ended and each report was taken."""
