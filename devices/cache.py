@@ -29,7 +29,7 @@ from typing import Any
 from edge.devices.graph_decoder import GRAPH_FORMAT
 from edge.devices.partitioned import COMPILED_SOURCE, compile_cache_dir
 from edge.devices.planned import PLAN_FORMAT
-from edge.errors import EdgeError, ModelNotFoundError
+from edge.errors import EdgeError, ModelInUseError, ModelNotFoundError
 from edge.models.catalog import CATALOG, lookup, near_names
 from edge.models.jsonstore import read_json
 from edge.models.store import cache_dir, model_path
@@ -308,7 +308,7 @@ def _not_being_pulled(name: str, file: Path) -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise EdgeError(
+            raise ModelInUseError(
                 f"{name} is being pulled by another process", hint="run edge rm again when it is done"
             ) from None
         try:

@@ -35,6 +35,14 @@ class ChecksumError(PullError):
     """An assembled model file does not have the SHA-256 the catalog promises."""
 
 
+class PullCancelled(PullError):
+    """A pull stopped by its caller (a progress callback raised it); the cache is left as it was."""
+
+
+class ModelInUseError(EdgeError):
+    """A model's files cannot be removed now: it is loaded, being served or being pulled."""
+
+
 class TokenizerError(EdgeError):
     """The tokenizer described by a model file cannot be built or used."""
 

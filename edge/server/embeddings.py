@@ -11,8 +11,10 @@ more than `MAX_INPUTS` inputs is a 413.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
@@ -21,7 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge.errors import ContextOverflowError, EdgeError, ModelFormatError, ModelNotFoundError, TokenizerError
+from edge.errors import (
+    ContextOverflowError,
+    EdgeError,
+    ModelFormatError,
+    ModelInUseError,
+    ModelNotFoundError,
+    TokenizerError,
+)
 from edge.server.config import ServerConfig
 from edge.server.protocol import error_body
 
@@ -101,6 +110,17 @@ class Embedders:
 
     def names(self) -> list[str]:
         return list(self._loaded)
+
+    @contextlib.contextmanager
+    def unused(self, name: str) -> Iterator[None]:
+        """Holds the load lock while embedding model `name` is not loaded (see Registry.unused)."""
+        with self._lock:
+            if _key(name) in self._loaded:
+                raise ModelInUseError(
+                    f"{name} is loaded on this server as an embedding model; it cannot be deleted",
+                    hint="stop the server first, or delete it with `edge rm` then",
+                )
+            yield
 
 
 def _key(name: str) -> str:

@@ -3,7 +3,8 @@
 `/api/chat` and `/api/generate` stream NDJSON by default (`"stream": false` for one object), take `format`
 ("json" or a JSON Schema: the answer is guaranteed to match), `tools`, `options` (num_predict, temperature,
 top_p, top_k, min_p, repeat_penalty, seed, stop, num_ctx) and `keep_alive`. Errors are Ollama's
-`{"error": "..."}`. What edge cannot do (images, thinking, creating or copying models) is a clear 400.
+`{"error": "..."}`. What edge cannot do (images, thinking, creating, copying or pushing models) is a clear 400.
+Pulling and deleting catalog models: edge/server/ollama_lifecycle.py.
 """
 
 from __future__ import annotations
@@ -271,7 +272,7 @@ class OllamaAPI:
         what = request.url.path.rsplit("/", 1)[-1]
         return JSONResponse(
             {"error": f"/api/{what} is not supported: edge serves catalog models and the files it was "
-                      "started with (`edge pull NAME` adds a catalog model)"},
+                      "started with (POST /api/pull or `edge pull NAME` adds a catalog model)"},
             400,
         )  # fmt: skip
 
@@ -407,9 +408,7 @@ def routes(core: Core) -> list[Route]:
         Route("/api/show", api.show, methods=["POST"]),
         Route("/api/chat", api.chat, methods=["POST"]),
         Route("/api/generate", api.generate, methods=["POST"]),
-        # /api/embed and /api/embeddings: edge/server/ollama_embed.py, beside /v1/embeddings' models
-        *(
-            Route(f"/api/{what}", api.refuse, methods=["POST", "DELETE"])
-            for what in ("create", "copy", "push", "pull", "delete")
-        ),
+        # /api/embed and /api/embeddings: edge/server/ollama_embed.py, beside /v1/embeddings' models;
+        # /api/pull and /api/delete: edge/server/ollama_lifecycle.py (they need the embedding models too)
+        *(Route(f"/api/{what}", api.refuse, methods=["POST"]) for what in ("create", "copy", "push")),
     ]

@@ -14,7 +14,7 @@ from edge.errors import ModelNotFoundError
 from edge.model import Model
 from edge.server.registry import Registry
 
-__all__ = ["details", "model_info", "ollama_name", "resolve", "summary"]
+__all__ = ["details", "model_info", "ollama_name", "resolve", "summary", "untagged"]
 
 TAG = "latest"
 
@@ -23,18 +23,25 @@ def ollama_name(name: str) -> str:
     return f"{name}:{TAG}"
 
 
+def untagged(name: str) -> str:
+    """An Ollama-style name without its tag (`qwen2.5-coder-0.5b:latest`: `qwen2.5-coder-0.5b`); edge has one
+    build per name, so any tag but `latest` is a 404 saying so (never a different build silently)."""
+    base, sep, tag = name.rpartition(":")
+    if not (sep and base and "/" not in tag and "\\" not in tag):  # a colon of a path's drive is no tag
+        return name
+    if tag != TAG:
+        raise ModelNotFoundError(
+            f"the model {name!r} is not here: edge has one build per name, tagged {TAG!r}",
+            hint=f"use {base!r} or {ollama_name(base)!r}; GET /api/tags lists the models",
+        )
+    return base
+
+
 def resolve(name: str, registry: Registry) -> str:
     """A request's Ollama-style name as the registry's (`qwen2.5-coder-0.5b:latest`: `qwen2.5-coder-0.5b`)."""
     if not name:
         raise ModelNotFoundError("model is required", hint="GET /api/tags lists the models served here")
-    base, sep, tag = name.rpartition(":")
-    if sep and "/" not in tag and base:
-        if tag != TAG:
-            raise ModelNotFoundError(
-                f"the model {name!r} is not served here: edge serves one build per name, tagged {TAG!r}",
-                hint=f"use {base!r} or {ollama_name(base)!r}; GET /api/tags lists the models",
-            )
-        name = base
+    name = untagged(name)
     if name not in registry.names():
         raise ModelNotFoundError(
             f"the model {name!r} does not exist on this server", hint="GET /api/tags lists the ones it serves"

