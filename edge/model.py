@@ -34,6 +34,7 @@ from edge.logprobs import TokenLogprob
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
+from edge.reasoning import Thinking, ThinkingPlan, plan_thinking
 from edge.session import KVSession, KVState, common_prefix
 from edge.speculative import SpeculativeDecoding, drafts_greedy, open_speculative
 from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools, template_messages
@@ -276,14 +277,27 @@ class Model:
             ids.insert(0, tok.bos_id)
         return ids
 
-    def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> str:
-        """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say."""
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolPlan | None = None,
+        thinking: ThinkingPlan | None = None,
+    ) -> str:
+        """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say; with
+        `thinking` (`thinking_plan`), its switch given to the template."""
         messages = template_messages(messages) if tools is None else tools.messages(messages)
         if self.template is None:
             # a base model: plain completion over the concatenated contents
             return "".join(str(m.get("content", "")) for m in messages)
         extra = {} if tools is None else tools.template_kwargs()
+        if thinking is not None:
+            extra.update(thinking.template_kwargs())
         return self.template.render(messages, add_generation_prompt=True, **extra)
+
+    def thinking_plan(self, asked: Thinking | None = None) -> ThinkingPlan | None:
+        """What a request's thinking means for this model (ThinkingError where it asks a model that does not
+        think); None where nothing of thinking applies."""
+        return plan_thinking(None if self.template is None else self.template.thinking, asked)
 
     def tool_plan(
         self, tools: Sequence[Any] | None, tool_choice: Any = None, parallel: bool | None = None
