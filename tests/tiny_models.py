@@ -71,8 +71,9 @@ QWEN_SPECIALS = (
     ("<think>", 4),
     ("</think>", 4),
 )
-QWEN_WORDS = ("\u010a\u010a", "th", "Ġw", "or", "ld")  # "\n\n" among a few merges
-QWEN_MERGES = ("\u010a \u010a", "t h", "Ġ w", "o r", "l d")
+# "\n\n" among a few merges; ">{" runs from a close tag's end into an answer (what a thinking gate must refuse)
+QWEN_WORDS = ("\u010a\u010a", "th", "Ġw", "or", "ld", ">{")
+QWEN_MERGES = ("\u010a \u010a", "t h", "Ġ w", "o r", "l d", "> {")
 
 
 def byte_chars() -> list[str]:

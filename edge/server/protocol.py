@@ -162,6 +162,8 @@ class ChatCompletionRequest(_Sampling):
     # llama.cpp's / vLLM's chat_template_kwargs {"enable_thinking": bool} (the one key edge passes on)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # the most thinking tokens before the close tag is forced (llama.cpp's per-request key)
+    thinking_budget_tokens: int | None = Field(default=None, ge=0)
 
     def logprobs_top(self) -> int | None:
         return lp.chat_top(self.logprobs, self.top_logprobs)
@@ -185,10 +187,13 @@ class ChatCompletionRequest(_Sampling):
                 "reasoning_effort", "reasoning_effort and chat_template_kwargs.enable_thinking disagree"
             )
         on = enable if enable is not None else effort
-        if on is None:
+        budget = self.thinking_budget_tokens
+        if on is False and budget is not None:
+            raise UnsupportedValue("thinking_budget_tokens", "a thinking budget needs thinking on")
+        if on is None and budget is None:
             return None
         param = "reasoning_effort" if effort is not None else "chat_template_kwargs"
-        return Thinking(on=on, param=param)
+        return Thinking(on=on, budget=budget, param="thinking_budget_tokens" if on is None else param)
 
     def check(self) -> None:
         self.check_common()
