@@ -79,11 +79,15 @@ class ThinkingConfig:
     close: str
     start: str
     budget: int | None = None
+    # the request asked for thinking: a model that would answer at once is made to open the block
+    opens: bool = False
 
     @property
     def gated(self) -> bool:
-        """Whether a budget needs the gate even without a grammar."""
-        return self.budget is not None and self.start != "answer"
+        """Whether the gate runs even without a grammar (a budget to keep, a block to open)."""
+        if self.start == "answer":
+            return False
+        return self.budget is not None or (self.opens and self.start == "either")
 
     def splitter(self) -> ReasoningSplitter:
         return ReasoningSplitter(self.open, self.close, self.start)
@@ -96,6 +100,7 @@ class ThinkingPlan:
     style: ThinkingStyle
     on: bool
     budget: int | None
+    asked: bool = False  # on because the request said so (not the template's default)
 
     def template_kwargs(self) -> dict[str, Any]:
         return {} if self.style.switch is None else {self.style.switch: self.on}
@@ -112,7 +117,7 @@ class ThinkingPlan:
             start = "either"
         # off on a template with no switch: the empty block is forced (budget 0)
         budget = self.budget if self.on else (None if start == "answer" else 0)
-        return ThinkingConfig(s.open, s.close, start, budget)
+        return ThinkingConfig(s.open, s.close, start, budget, opens=self.on and self.asked)
 
 
 def plan_thinking(style: ThinkingStyle | None, asked: Thinking | None) -> ThinkingPlan | None:
@@ -126,7 +131,7 @@ def plan_thinking(style: ThinkingStyle | None, asked: Thinking | None) -> Thinki
                 param=asked.param,
             )
         return None
-    return ThinkingPlan(style, asked.on is not False, asked.budget)
+    return ThinkingPlan(style, asked.on is not False, asked.budget, asked.asks)
 
 
 # -- splitting the text ----------------------------------------------------------------------------
