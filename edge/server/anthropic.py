@@ -298,7 +298,7 @@ class MessagesAPI:
         content: list[dict[str, Any]] = (
             [_thinking_block(out.reasoning)] if prep.thinking and out.reasoning else []
         )
-        content += [{"type": "text", "text": out.text}] if out.text or not out.calls else []
+        content += [{"type": "text", "text": out.text}] if out.text or not (out.calls or content) else []
         content += [_tool_use(c) for c in out.calls]
         reason, sequence = _stop(out, req.stop_sequences)
         body = {**_message(rid, req.model, content), "stop_reason": reason, "stop_sequence": sequence}

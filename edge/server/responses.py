@@ -285,7 +285,7 @@ class ResponsesAPI:
             return out
         status = "incomplete" if _cut(out) else "completed"
         output = [_reasoning_item(out.reasoning)] if prep.thinking is not None and out.reasoning else []
-        output += [_message_item(out.text, status)] if out.text or not out.calls else []
+        output += [_message_item(out.text, status)] if out.text or not (out.calls or output) else []
         output += [_call_item(c) for c in out.calls]
         return JSONResponse(self._done(self._shell(rid, req, "completed"), out, output))
 

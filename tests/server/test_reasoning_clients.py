@@ -100,3 +100,47 @@ def test_ollama_think_on_a_model_that_does_not_think_is_a_400(qwen3_server: Serv
     with pytest.raises(ollama.ResponseError) as err:
         client.chat("tiny.gguf", messages=HI, think=True)
     assert err.value.status_code == 400 and "does not think" in err.value.error
+
+
+def test_anthropic_thinking_blocks_when_enabled(qwen3_server: Server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=qwen3_server.url, api_key="x", max_retries=0, timeout=60)
+    ask = {"model": MODEL, "max_tokens": 48, "messages": HI, "extra_body": {"top_k": 1}}  # greedy
+    whole = client.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 5})  # type: ignore[arg-type]
+    kinds = [b.type for b in whole.content]
+    assert kinds[0] == "thinking" and "text" in kinds
+    thought = whole.content[0].thinking  # type: ignore[union-attr]
+    assert thought and "think>" not in thought
+    with client.messages.stream(**ask, thinking={"type": "enabled", "budget_tokens": 5}) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in whole.content]
+    plain = client.messages.create(**ask)  # type: ignore[arg-type]
+    assert [b.type for b in plain.content] == [
+        "text"
+    ]  # not enabled: the template's block closed, no thoughts
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(  # type: ignore[call-overload]
+            model="tiny.gguf", max_tokens=8, messages=HI, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
+    assert "does not think" in str(err.value)
+
+
+def test_responses_reasoning_item_streamed_and_not(qwen3_server: Server) -> None:
+    c = _openai(qwen3_server)
+    ask = {"model": MODEL, "input": "hi", "temperature": 0, "max_output_tokens": 12}
+    # Responses has no budget: this random model thinks until max_output_tokens, all of it a reasoning item
+    whole = c.responses.create(**ask, reasoning={"effort": "low"})  # type: ignore[call-overload]
+    assert [o.type for o in whole.output] == ["reasoning"] and whole.status == "incomplete"
+    thought = whole.output[0].content[0].text  # type: ignore[union-attr,index]
+    assert thought and "think>" not in thought
+    events = list(c.responses.create(**ask, reasoning={"effort": "low"}, stream=True))  # type: ignore[call-overload]
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == thought and events[-1].type == "response.incomplete"  # what the SDK's helper refuses
+    assert events[-1].response.output[0].content[0].text == thought  # type: ignore[union-attr]
+    fmt = {"format": {"type": "json_schema", "name": "ok", "schema": SCHEMA}}
+    off = c.responses.create(**{**ask, "max_output_tokens": 32}, text=fmt, reasoning={"effort": "none"})  # type: ignore[call-overload]
+    assert [o.type for o in off.output] == ["message"] and json.loads(off.output_text)["ok"] in (True, False)
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(**ask, reasoning={"effort": "low", "summary": "detailed"})  # type: ignore[call-overload]
+    assert "summar" in str(err.value)
