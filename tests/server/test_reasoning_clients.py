@@ -144,3 +144,27 @@ def test_responses_reasoning_item_streamed_and_not(qwen3_server: Server) -> None
     with pytest.raises(openai.BadRequestError) as err:
         c.responses.create(**ask, reasoning={"effort": "low", "summary": "detailed"})  # type: ignore[call-overload]
     assert "summar" in str(err.value)
+
+
+def test_openai_tool_call_after_the_thinking(qwen3_server: Server) -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {
+            "type": "string", "maxLength": 8}}, "required": ["city"], "additionalProperties": False}},
+    }  # fmt: skip
+    c = _openai(qwen3_server)
+    for stream in (False, True):
+        ask = {"model": MODEL, "messages": HI, "temperature": 0, "max_tokens": 96, "tools": [tool]}
+        out = c.chat.completions.create(  # type: ignore[call-overload]
+            **ask, tool_choice="required", extra_body={"thinking_budget_tokens": 4}, stream=stream
+        )
+        if stream:
+            chunks = [ch.choices[0].delta for ch in out if ch.choices]
+            reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in chunks)
+            calls = [tc for d in chunks for tc in d.tool_calls or []]
+        else:
+            message = out.choices[0].message
+            reasoning, calls = (message.model_extra or {})["reasoning_content"], message.tool_calls or []
+        assert reasoning and "think>" not in reasoning
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
+        assert isinstance(json.loads(calls[0].function.arguments)["city"], str)
