@@ -34,7 +34,7 @@ from edge.logprobs import TokenLogprob
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
-from edge.reasoning import Thinking, ThinkingPlan, plan_thinking
+from edge.reasoning import Thinking, ThinkingConfig, ThinkingPlan, plan_thinking
 from edge.session import KVSession, KVState, common_prefix
 from edge.speculative import SpeculativeDecoding, drafts_greedy, open_speculative
 from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools, template_messages
@@ -74,6 +74,8 @@ class Result:
     tool_calls: tuple[ToolCall, ...] = ()
     # per-token log-probs (edge.logprobs), one per token id, when the call asked `logprobs=N`; else None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # a thinking model's thoughts (the text of its <think> block; not in `text`), from `chat`
+    reasoning: str = ""
 
 
 class Stream:
@@ -147,6 +149,37 @@ def _with_calls(pieces: Generator[str, None, Result], plan: ToolPlan) -> Generat
     finally:
         pieces.close()
     return replace(result, text="".join(text), tool_calls=tuple(calls))
+
+
+def _with_reasoning(
+    pieces: Generator[str, None, Result], thinking: ThinkingConfig
+) -> Generator[str, None, Result]:
+    """A thinking model's pieces with its thoughts taken out: the content is yielded, the thoughts land in the
+    Result's `reasoning`."""
+    splitter, thoughts, text = thinking.splitter(), [], []
+
+    def sort(parts: list[tuple[bool, str]]) -> list[str]:
+        thoughts.extend(t for r, t in parts if r)
+        content = [t for r, t in parts if not r]
+        text.extend(content)
+        return content
+
+    try:
+        while True:
+            try:
+                piece = next(pieces)
+            except StopIteration as stop:
+                result: Result = stop.value
+                break
+            yield from sort(splitter.feed(piece))
+        yield from sort(splitter.finish())
+    finally:
+        pieces.close()
+    return replace(result, text="".join(text), reasoning="".join(thoughts))
+
+
+def _asked_thinking(thinking: Thinking | bool | None) -> Thinking | None:
+    return Thinking(on=thinking, param="thinking") if isinstance(thinking, bool) else thinking
 
 
 def chat_template_of(checked: CheckedModel) -> ChatTemplate | None:
@@ -416,6 +449,7 @@ class Model:
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
         parallel_tool_calls: bool | None = None,
+        thinking: Thinking | bool | None = None,
         **options: Any,
     ) -> Result:
         """Answer the last message of a conversation (the whole list is the prompt; append the answer and the
@@ -427,6 +461,10 @@ class Model:
         of the answer in `result.text`. A history may hold assistant messages with `tool_calls` and
         `{"role": "tool", "content": ..., "tool_call_id": ...}` results.
 
+        A thinking model's thoughts are in `result.reasoning`, apart from `result.text`; `thinking` turns them
+        on or off (a `Thinking` also sets a token budget; None: the template's default). Asking a model that
+        does not think is a ThinkingError.
+
         >>> msgs = [{"role": "user", "content": "Name a fruit."}]             # doctest: +SKIP
         >>> msgs.append({"role": "assistant", "content": m.chat(msgs).text})
         >>> msgs.append({"role": "user", "content": "Another one?"})
@@ -434,7 +472,8 @@ class Model:
         True
         """
         plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
-        stream = self._chat_stream(messages, config, options, cancel, reuse, plan)
+        think = self.thinking_plan(_asked_thinking(thinking))
+        stream = self._chat_stream(messages, config, options, cancel, reuse, plan, think)
         with stream:
             for piece in stream:
                 if on_text is not None:
@@ -452,12 +491,14 @@ class Model:
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
         parallel_tool_calls: bool | None = None,
+        thinking: Thinking | bool | None = None,
         **options: Any,
     ) -> Stream:
         """`chat` as an iterator of text pieces (`Stream`); with tools, the pieces are the answer's text and the
-        calls are in `.result.tool_calls`."""
+        calls are in `.result.tool_calls`; a thinking model's thoughts are in `.result.reasoning`."""
         plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
-        return self._chat_stream(messages, config, options, cancel, reuse, plan)
+        think = self.thinking_plan(_asked_thinking(thinking))
+        return self._chat_stream(messages, config, options, cancel, reuse, plan, think)
 
     def _chat_stream(
         self,
@@ -467,11 +508,17 @@ class Model:
         cancel: Cancel,
         reuse: bool,
         plan: ToolPlan | None,
+        think: ThinkingPlan | None = None,
     ) -> Stream:
         config = _config(config, options, plan)
-        ids = self.chat_ids(messages, plan)
+        text = self.render_chat(messages, plan, think)
+        ids = self.encode_prompt(text)
+        if think is not None:  # the grammar, if any, applies after the thinking
+            config = replace(config, thinking=think.config(text))
         keep = self.system_span(messages if plan is None else plan.messages(messages))
         pieces = self.stream_ids(ids, config, cancel=cancel_poller(cancel), reuse=reuse, keep=keep)
+        if config.thinking is not None:
+            pieces = _with_reasoning(pieces, config.thinking)
         return Stream(pieces if plan is None or not plan.active else _with_calls(pieces, plan))
 
     def _run(

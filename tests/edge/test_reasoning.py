@@ -187,3 +187,15 @@ def test_generation_keeps_the_budget_and_the_schema_after_it(qwen3: edge.Model, 
     _, content = split_reasoning(out, thinking)
     assert "think>" not in content and json.loads(content)["ok"] in (True, False)
     assert gen.stats.stop_reason == "grammar"
+
+
+def test_the_python_api_gives_the_thoughts_apart(qwen3: edge.Model) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "ok", "schema": {"type": "boolean"}}}
+    result = qwen3.chat(USER, thinking=Thinking(budget=3), response_format=fmt, max_tokens=32)
+    assert result.reasoning and "think>" not in result.reasoning + result.text
+    assert json.loads(result.text) in (True, False)
+    with qwen3.chat_stream(USER, thinking=Thinking(budget=3), response_format=fmt, max_tokens=32) as stream:
+        assert "".join(stream) == result.text
+    assert stream.result is not None and stream.result.reasoning == result.reasoning
+    off = qwen3.chat(USER, thinking=False, response_format=fmt, max_tokens=8)
+    assert off.reasoning == "" and json.loads(off.text) in (True, False)
