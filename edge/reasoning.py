@@ -285,7 +285,7 @@ class ThinkingGate:
         if s.phase == "think":
             return self._vocab.thinking(self._close, _partial(s.tail, self._close), self.inner is not None)
         if self.inner is None:
-            return np.ones(self.n_vocab, dtype=bool)
+            return self._vocab.free()
         if s.phase == "gap":
             return self.inner.allowed() | self._vocab.whitespace()
         return self.inner.allowed()
@@ -395,11 +395,16 @@ class _Vocabulary:
     def bytes(self, token: int) -> bytes:
         return self._bytes[token] if token < len(self._bytes) else b""
 
+    def free(self) -> np.ndarray:
+        """Every token (not the logits' padding past the vocabulary)."""
+        return self.thinking(b"", 0, False)  # an empty tag bans nothing
+
     def whitespace(self) -> np.ndarray:
         if self._ws is None:
             mask = np.zeros(self.n_vocab, dtype=bool)
             for i, b in enumerate(self._bytes):
                 mask[i] = bool(b) and not b.strip(_WS) and i not in self._special
+            mask.flags.writeable = False
             self._ws = mask
         return self._ws
 
@@ -413,13 +418,14 @@ class _Vocabulary:
                 mask = np.ones(self.n_vocab, dtype=bool)
                 mask[len(self._bytes) :] = False  # the logits' padding is no token
                 head = tag[:k]
-                for i, b in enumerate(self._bytes):
+                for i, b in enumerate(self._bytes if tag else ()):
                     text = head + b
                     at = text.find(tag)
                     if at >= 0 and text[at + len(tag) :].strip(_WS):
                         mask[i] = False
                 if no_end:
                     mask[self._eog] = False
+                mask.flags.writeable = False  # shared by every generation on this vocabulary
                 self._think[key] = mask
             return self._think[key]
 
