@@ -335,6 +335,7 @@ class Core:
             if req.tools:
                 raise UnsupportedValue("tools", "tools need a chat request (messages), not a raw prompt")
             if req.thinking is not None and req.thinking.asks:
+                first.thinking_plan(req.thinking)  # a model that does not think says so first
                 raise ThinkingError(
                     "thinking needs a chat request (messages): a raw prompt is sent as it is",
                     hint="send messages, or write the think tags into the prompt yourself",
