@@ -199,3 +199,37 @@ def test_the_python_api_gives_the_thoughts_apart(qwen3: edge.Model) -> None:
     assert stream.result is not None and stream.result.reasoning == result.reasoning
     off = qwen3.chat(USER, thinking=False, response_format=fmt, max_tokens=8)
     assert off.reasoning == "" and json.loads(off.text) in (True, False)
+
+
+def test_earlier_thoughts_reach_the_template_from_each_protocol() -> None:
+    from edge.server.anthropic import MessagesRequest
+    from edge.server.protocol import ChatCompletionRequest
+    from edge.server.responses import ResponsesRequest
+
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    openai_req = ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "reasoning_content": "plan"},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]})  # fmt: skip
+    anthropic_req = MessagesRequest.model_validate({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan", "signature": ""},
+                                          {"type": "tool_use", "id": "c1", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "42"}]},
+    ]})  # fmt: skip
+    responses_req = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "plan"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+    ]})  # fmt: skip
+    template = ChatTemplate(QWEN3_TEMPLATE)
+    for messages in (
+        openai_req.chat_messages(),
+        anthropic_req.to_core().messages,
+        responses_req.to_core().messages,
+    ):
+        assert messages is not None
+        # Qwen3 keeps the thoughts of the turns after the last user query (a tool loop in progress)
+        assert "<|im_start|>assistant\n<think>\nplan\n</think>\n\n<tool_call>" in template.render(messages)
