@@ -315,9 +315,12 @@ class Model:
         messages: Sequence[ChatMessage],
         tools: ToolPlan | None = None,
         thinking: ThinkingPlan | None = None,
+        *,
+        generation: bool = True,
     ) -> str:
         """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say; with
-        `thinking` (`thinking_plan`), its switch given to the template."""
+        `thinking` (`thinking_plan`), its switch given to the template. `generation` False: without the
+        template's opening of the answer."""
         messages = template_messages(messages) if tools is None else tools.messages(messages)
         if self.template is None:
             # a base model: plain completion over the concatenated contents
@@ -325,7 +328,15 @@ class Model:
         extra = {} if tools is None else tools.template_kwargs()
         if thinking is not None:
             extra.update(thinking.template_kwargs())
-        return self.template.render(messages, add_generation_prompt=True, **extra)
+        return self.template.render(messages, add_generation_prompt=generation, **extra)
+
+    def thinking_config(
+        self, messages: Sequence[ChatMessage], prompt: str, tools: ToolPlan | None, thinking: ThinkingPlan
+    ) -> ThinkingConfig:
+        """Where the answer of `prompt` (the conversation rendered) starts, read from the text the template adds
+        after the conversation alone, so that think tags a message holds (a user quoting one) do not count."""
+        head = self.render_chat(messages, tools, thinking, generation=False)
+        return thinking.config(prompt[len(head) :] if prompt.startswith(head) else prompt)
 
     def thinking_plan(self, asked: Thinking | None = None) -> ThinkingPlan | None:
         """What a request's thinking means for this model (ThinkingError where it asks a model that does not
@@ -514,7 +525,7 @@ class Model:
         text = self.render_chat(messages, plan, think)
         ids = self.encode_prompt(text)
         if think is not None:  # the grammar, if any, applies after the thinking
-            config = replace(config, thinking=think.config(text))
+            config = replace(config, thinking=self.thinking_config(messages, text, plan, think))
         keep = self.system_span(messages if plan is None else plan.messages(messages))
         pieces = self.stream_ids(ids, config, cancel=cancel_poller(cancel), reuse=reuse, keep=keep)
         if config.thinking is not None:

@@ -221,7 +221,8 @@ def _render(
     with sched.render_lock:
         span = model.system_span(messages if plan is None else plan.messages(messages))
         text = model.render_chat(messages, plan, think)
-        return model.encode_prompt(text), span, None if think is None else think.config(text)
+        thinking = None if think is None else model.thinking_config(messages, text, plan, think)
+        return model.encode_prompt(text), span, thinking
 
 
 def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runner:

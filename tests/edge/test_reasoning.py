@@ -233,3 +233,12 @@ def test_earlier_thoughts_reach_the_template_from_each_protocol() -> None:
         assert messages is not None
         # Qwen3 keeps the thoughts of the turns after the last user query (a tool loop in progress)
         assert "<|im_start|>assistant\n<think>\nplan\n</think>\n\n<tool_call>" in template.render(messages)
+
+
+def test_a_tag_quoted_in_a_message_does_not_open_the_thinking(qwen3: edge.Model) -> None:
+    asked = [{"role": "user", "content": "What does <think> mean?"}]
+    for on, start in ((True, "either"), (False, "answer")):
+        plan = qwen3.thinking_plan(Thinking(on=on))
+        assert plan is not None
+        config = qwen3.thinking_config(asked, qwen3.render_chat(asked, thinking=plan), None, plan)
+        assert config.start == start
