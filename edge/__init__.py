@@ -31,12 +31,14 @@ if TYPE_CHECKING:
         ModelFormatError,
         ModelNotFoundError,
         PlanError,
+        ThinkingError,
         ToolError,
     )
     from edge.grammar import Grammar
     from edge.logprobs import TokenLogprob
     from edge.model import Model, Result, Stream
     from edge.options import GenerateOptions
+    from edge.reasoning import Thinking
     from edge.server import serve
     from edge.session import KVState
     from edge.tools import ToolCall
@@ -64,6 +66,8 @@ _LAZY = {
     "GrammarError": "edge.errors",
     "Grammar": "edge.grammar",
     "ToolError": "edge.errors",
+    "Thinking": "edge.reasoning",
+    "ThinkingError": "edge.errors",
     "ToolCall": "edge.tools",
     "TokenLogprob": "edge.logprobs",
     "InsufficientMemoryError": "edge.errors",
@@ -88,6 +92,8 @@ __all__ = [
     "PlanError",
     "Result",
     "Stream",
+    "Thinking",
+    "ThinkingError",
     "TokenLogprob",
     "ToolCall",
     "ToolError",

@@ -59,6 +59,15 @@ class ToolError(EdgeError):
     """A request's tools or tool_choice are invalid, or the model cannot make tool calls (a 400)."""
 
 
+class ThinkingError(EdgeError):
+    """A request asks for thinking (on, or a budget) of a model whose chat template does not think (a 400);
+    `param` is the request field that asked."""
+
+    def __init__(self, message: str, *, hint: str | None = None, param: str = "reasoning") -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
+
+
 class ConstraintError(EdgeError):
     """Constrained decoding failed mid-answer (the engine's state, not the request's schema): a server error."""
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from edge.fastforward import ForcedStats
     from edge.grammar import Constraint, Grammar
     from edge.models.tokenizer import Tokenizer
+    from edge.reasoning import ThinkingConfig
     from edge.session import KVSession
     from edge.speculative import DraftStats
 
@@ -39,6 +40,8 @@ class GenerationConfig:
     fast_forward: bool = True
     # per-token log-probs with this many alternatives (0..20, edge.logprobs); None: not recorded (no cost)
     logprobs: int | None = None
+    # a thinking model's block (edge/reasoning.py): the grammar applies after it closes, a budget is kept
+    thinking: ThinkingConfig | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs is not None:
@@ -324,12 +327,21 @@ class Generation:
         """How tokens are chosen, and the grammar's state when the output is constrained (compiled here,
         before the prefill's cost)."""
         grammar, dec, lp = self.config.grammar, self.decoder, self.config.logprobs
-        if grammar is None:
+        thinking = self.config.thinking
+        gated = thinking is not None and (
+            thinking.gated or (grammar is not None and thinking.start != "answer")
+        )
+        if grammar is None and not gated:
             # logprobs force plain decoding: a draft's accepted tokens have no recorded target row
             return (self.decoding if lp is None else None) or PlainDecoding(dec, lp), None
         from edge.grammar import compile_grammar
 
-        constraint = compile_grammar(grammar, self.tokenizer, dec.vocab_size)
+        constraint = None if grammar is None else compile_grammar(grammar, self.tokenizer, dec.vocab_size)
+        if gated:
+            from edge.reasoning import ThinkingGate
+
+            assert thinking is not None
+            constraint = ThinkingGate(thinking, self.tokenizer, dec.vocab_size, constraint)  # type: ignore[assignment]
         if lp is not None:  # each token's own row, so one per forward
             return PlainDecoding(dec, lp), constraint
         if self.decoding is not None:  # speculative: drafts masked by the grammar, its forced tokens lead

@@ -34,6 +34,7 @@ from edge.logprobs import TokenLogprob
 from edge.models.chat_template import ChatTemplate, template_from_metadata
 from edge.models.checked import CheckedModel
 from edge.options import Cancel, GenerateOptions, LoadOptions, cancel_poller
+from edge.reasoning import Thinking, ThinkingConfig, ThinkingPlan, plan_thinking
 from edge.session import KVSession, KVState, common_prefix
 from edge.speculative import SpeculativeDecoding, drafts_greedy, open_speculative
 from edge.tools import CallSplitter, ToolCall, ToolPlan, plan_tools, template_messages
@@ -73,6 +74,8 @@ class Result:
     tool_calls: tuple[ToolCall, ...] = ()
     # per-token log-probs (edge.logprobs), one per token id, when the call asked `logprobs=N`; else None
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # a thinking model's thoughts (the text of its <think> block; not in `text`), from `chat`
+    reasoning: str = ""
 
 
 class Stream:
@@ -146,6 +149,37 @@ def _with_calls(pieces: Generator[str, None, Result], plan: ToolPlan) -> Generat
     finally:
         pieces.close()
     return replace(result, text="".join(text), tool_calls=tuple(calls))
+
+
+def _with_reasoning(
+    pieces: Generator[str, None, Result], thinking: ThinkingConfig
+) -> Generator[str, None, Result]:
+    """A thinking model's pieces with its thoughts taken out: the content is yielded, the thoughts land in the
+    Result's `reasoning`."""
+    splitter, thoughts, text = thinking.splitter(), [], []
+
+    def sort(parts: list[tuple[bool, str]]) -> list[str]:
+        thoughts.extend(t for r, t in parts if r)
+        content = [t for r, t in parts if not r]
+        text.extend(content)
+        return content
+
+    try:
+        while True:
+            try:
+                piece = next(pieces)
+            except StopIteration as stop:
+                result: Result = stop.value
+                break
+            yield from sort(splitter.feed(piece))
+        yield from sort(splitter.finish())
+    finally:
+        pieces.close()
+    return replace(result, text="".join(text), reasoning="".join(thoughts))
+
+
+def _asked_thinking(thinking: Thinking | bool | None) -> Thinking | None:
+    return Thinking(on=thinking, param="thinking") if isinstance(thinking, bool) else thinking
 
 
 def chat_template_of(checked: CheckedModel) -> ChatTemplate | None:
@@ -276,14 +310,38 @@ class Model:
             ids.insert(0, tok.bos_id)
         return ids
 
-    def render_chat(self, messages: Sequence[ChatMessage], tools: ToolPlan | None = None) -> str:
-        """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say."""
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolPlan | None = None,
+        thinking: ThinkingPlan | None = None,
+        *,
+        generation: bool = True,
+    ) -> str:
+        """The conversation as the prompt text; with `tools` (`tool_plan`), written the way they say; with
+        `thinking` (`thinking_plan`), its switch given to the template. `generation` False: without the
+        template's opening of the answer."""
         messages = template_messages(messages) if tools is None else tools.messages(messages)
         if self.template is None:
             # a base model: plain completion over the concatenated contents
             return "".join(str(m.get("content", "")) for m in messages)
         extra = {} if tools is None else tools.template_kwargs()
-        return self.template.render(messages, add_generation_prompt=True, **extra)
+        if thinking is not None:
+            extra.update(thinking.template_kwargs())
+        return self.template.render(messages, add_generation_prompt=generation, **extra)
+
+    def thinking_config(
+        self, messages: Sequence[ChatMessage], prompt: str, tools: ToolPlan | None, thinking: ThinkingPlan
+    ) -> ThinkingConfig:
+        """Where the answer of `prompt` (the conversation rendered) starts, read from the text the template adds
+        after the conversation alone, so that think tags a message holds (a user quoting one) do not count."""
+        head = self.render_chat(messages, tools, thinking, generation=False)
+        return thinking.config(prompt[len(head) :] if prompt.startswith(head) else prompt)
+
+    def thinking_plan(self, asked: Thinking | None = None) -> ThinkingPlan | None:
+        """What a request's thinking means for this model (ThinkingError where it asks a model that does not
+        think); None where nothing of thinking applies."""
+        return plan_thinking(None if self.template is None else self.template.thinking, asked)
 
     def tool_plan(
         self, tools: Sequence[Any] | None, tool_choice: Any = None, parallel: bool | None = None
@@ -402,6 +460,7 @@ class Model:
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
         parallel_tool_calls: bool | None = None,
+        thinking: Thinking | bool | None = None,
         **options: Any,
     ) -> Result:
         """Answer the last message of a conversation (the whole list is the prompt; append the answer and the
@@ -413,6 +472,10 @@ class Model:
         of the answer in `result.text`. A history may hold assistant messages with `tool_calls` and
         `{"role": "tool", "content": ..., "tool_call_id": ...}` results.
 
+        A thinking model's thoughts are in `result.reasoning`, apart from `result.text`; `thinking` turns them
+        on or off (a `Thinking` also sets a token budget; None: the template's default). Asking a model that
+        does not think is a ThinkingError.
+
         >>> msgs = [{"role": "user", "content": "Name a fruit."}]             # doctest: +SKIP
         >>> msgs.append({"role": "assistant", "content": m.chat(msgs).text})
         >>> msgs.append({"role": "user", "content": "Another one?"})
@@ -420,7 +483,8 @@ class Model:
         True
         """
         plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
-        stream = self._chat_stream(messages, config, options, cancel, reuse, plan)
+        think = self.thinking_plan(_asked_thinking(thinking))
+        stream = self._chat_stream(messages, config, options, cancel, reuse, plan, think)
         with stream:
             for piece in stream:
                 if on_text is not None:
@@ -438,12 +502,14 @@ class Model:
         tools: Sequence[Any] | None = None,
         tool_choice: Any = None,
         parallel_tool_calls: bool | None = None,
+        thinking: Thinking | bool | None = None,
         **options: Any,
     ) -> Stream:
         """`chat` as an iterator of text pieces (`Stream`); with tools, the pieces are the answer's text and the
-        calls are in `.result.tool_calls`."""
+        calls are in `.result.tool_calls`; a thinking model's thoughts are in `.result.reasoning`."""
         plan = self.tool_plan(tools, tool_choice, parallel_tool_calls)
-        return self._chat_stream(messages, config, options, cancel, reuse, plan)
+        think = self.thinking_plan(_asked_thinking(thinking))
+        return self._chat_stream(messages, config, options, cancel, reuse, plan, think)
 
     def _chat_stream(
         self,
@@ -453,11 +519,17 @@ class Model:
         cancel: Cancel,
         reuse: bool,
         plan: ToolPlan | None,
+        think: ThinkingPlan | None = None,
     ) -> Stream:
         config = _config(config, options, plan)
-        ids = self.chat_ids(messages, plan)
+        text = self.render_chat(messages, plan, think)
+        ids = self.encode_prompt(text)
+        if think is not None:  # the grammar, if any, applies after the thinking
+            config = replace(config, thinking=self.thinking_config(messages, text, plan, think))
         keep = self.system_span(messages if plan is None else plan.messages(messages))
         pieces = self.stream_ids(ids, config, cancel=cancel_poller(cancel), reuse=reuse, keep=keep)
+        if config.thinking is not None:
+            pieces = _with_reasoning(pieces, config.thinking)
         return Stream(pieces if plan is None or not plan.active else _with_calls(pieces, plan))
 
     def _run(

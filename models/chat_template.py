@@ -31,6 +31,26 @@ TEMPLATE_KEY = "tokenizer.chat_template"
 
 
 @dataclass(frozen=True)
+class ThinkingStyle:
+    """How a template's model thinks: a block between `open` and `close` before the answer (Qwen3, the
+    DeepSeek-R1 distills, QwQ). `switch`: the template variable that turns it off (Qwen3's
+    `enable_thinking`, false: the template writes an empty block); None: the template always thinks."""
+
+    open: str = "<think>"
+    close: str = "</think>"
+    switch: str | None = None
+
+
+def thinking_style(source: str) -> ThinkingStyle | None:
+    """Declared by the template's text, never probed by generating: a template that writes or strips both
+    think tags was made for a model that thinks. None: the model does not think."""
+    style = ThinkingStyle()
+    if style.open not in source or style.close not in source:
+        return None
+    return ThinkingStyle(switch="enable_thinking" if "enable_thinking" in source else None)
+
+
+@dataclass(frozen=True)
 class TemplateLimits:
     seconds: float = 1.0
     max_output_chars: int = 4_000_000
@@ -450,6 +470,7 @@ class ChatTemplate:
                 f"chat template is {len(source)} characters (limit {self.limits.max_source_chars})"
             )
         self.source = source
+        self.thinking = thinking_style(source)  # None: the model does not think
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._env = _BoundedEnvironment(self.limits)

@@ -45,6 +45,9 @@ class TinySpec:
     # phi3 LongRoPE: rope_factors_long/short tensors, attn_factor and the original context
     long_rope: bool = False
     original_context: int = 32
+    # "spm": the tiny SentencePiece-style vocabulary; "qwen": a byte-level BPE one with Qwen3's special tokens
+    # (<|im_start|>, <|im_end|>, <think>, </think>, <tool_call>, ...), for a real Qwen chat template
+    vocab: str = "spm"
 
 
 def _add_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
@@ -56,6 +59,57 @@ def _add_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
     w.add_token_types(types)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+
+
+# Qwen3's added tokens and their GGUF types (convert_hf_to_gguf: <|...|> CONTROL, the rest USER_DEFINED)
+QWEN_SPECIALS = (
+    ("<|endoftext|>", 3),
+    ("<|im_start|>", 3),
+    ("<|im_end|>", 3),
+    ("<tool_call>", 4),
+    ("</tool_call>", 4),
+    ("<think>", 4),
+    ("</think>", 4),
+)
+# "\n\n" among a few merges; ">{" runs from a close tag's end into an answer (what a thinking gate must refuse)
+QWEN_WORDS = ("\u010a\u010a", "th", "Ġw", "or", "ld", ">{")
+QWEN_MERGES = ("\u010a \u010a", "t h", "Ġ w", "o r", "l d", "> {")
+
+
+def byte_chars() -> list[str]:
+    """GPT-2's printable character for each byte (byte-level BPE vocabularies spell bytes so)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    out, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            out.append(chr(b))
+        else:
+            out.append(chr(256 + extra))
+            extra += 1
+    return out
+
+
+def qwen_vocab(n: int) -> tuple[list[str], list[int]]:
+    """256 byte tokens, a few merged words, Qwen3's special tokens, then filler words up to `n` ids."""
+    tokens = [*byte_chars(), *QWEN_WORDS, *(t for t, _ in QWEN_SPECIALS)]
+    types = [1] * (256 + len(QWEN_WORDS)) + [ty for _, ty in QWEN_SPECIALS]
+    i = 0
+    while len(tokens) < n:
+        tokens.append(f"Ġq{i}")
+        types.append(1)
+        i += 1
+    return tokens, types
+
+
+def _add_qwen_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    tokens, types = qwen_vocab(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(QWEN_MERGES))
+    w.add_bos_token_id(tokens.index("<|endoftext|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
 
 
 def _vocab(n: int) -> tuple[list[bytes], list[float], list[int]]:
@@ -106,9 +160,12 @@ def write_tiny_model(path: str | Path, spec: TinySpec = TinySpec()) -> Path:
         w.add_rope_scaling_orig_ctx_len(spec.original_context)
         scale = spec.ctx / spec.original_context
         w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(spec.original_context))))
-    _add_vocab(w, spec.n_vocab)
-    w.add_tokenizer_pre("default")
-    w.add_unk_token_id(0)
+    if spec.vocab == "qwen":
+        _add_qwen_vocab(w, spec.n_vocab)
+    else:
+        _add_vocab(w, spec.n_vocab)
+        w.add_tokenizer_pre("default")
+        w.add_unk_token_id(0)
     w.add_add_bos_token(False)
     if spec.chat_template is not None:
         w.add_chat_template(spec.chat_template)

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge.reasoning import ReasoningText, Thinking
 from edge.server.core import Core, CoreRequest, Outcome, Prepared, classify
 from edge.server.scheduler import Failed, Job
 from edge.server.unsupported import UnsupportedValue
@@ -51,6 +52,8 @@ class Block(_Request):
     tool_use_id: str | None = None  # tool_result
     content: str | list[Block] | None = None
     is_error: bool | None = None
+    thinking: str | None = None  # an assistant's earlier thinking block
+    signature: str | None = None
 
 
 class Message(_Request):
@@ -80,8 +83,6 @@ class CountRequest(_Request):
     thinking: dict[str, Any] | None = None
 
     def core(self, **more: Any) -> CoreRequest:
-        if self.thinking and self.thinking.get("type") != "disabled":
-            raise UnsupportedValue("thinking", "extended thinking is not supported by this server's models")
         choice = self.tool_choice or ToolChoiceIn(type="auto")
         return CoreRequest(
             self.model,
@@ -89,8 +90,24 @@ class CountRequest(_Request):
             tools=self._tools(),
             tool_choice=_choice(choice) if self.tools else None,
             parallel_tool_calls=not choice.disable_parallel_tool_use,
+            thinking=self._thinking(),
             **more,
         )
+
+    def _thinking(self) -> Thinking:
+        """Anthropic's `thinking`: enabled with a budget_tokens, or disabled; unset is off (a Messages client
+        that did not ask gets no thinking blocks), so a thinking template is rendered with its block closed."""
+        spec = self.thinking
+        if spec is None or spec.get("type") == "disabled":
+            return Thinking(on=False, param="thinking")
+        budget = spec.get("budget_tokens")
+        if spec.get("type") != "enabled" or set(spec) - {"type", "budget_tokens"}:
+            raise UnsupportedValue(
+                "thinking", 'thinking is {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}'
+            )
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise UnsupportedValue("thinking.budget_tokens", "thinking.budget_tokens is a count of tokens")
+        return Thinking(on=True, budget=budget, param="thinking")
 
     def _tools(self) -> list[dict[str, Any]] | None:
         out = []
@@ -155,10 +172,14 @@ def _text(content: str | list[Block], where: str) -> str:
 
 
 def _assistant(blocks: list[Block], where: str, names: dict[str, str]) -> dict[str, Any]:
-    texts, calls = [], []
+    texts, calls, thoughts = [], [], []
     for j, b in enumerate(blocks):
         if b.type == "text":
             texts.append(b.text or "")
+        elif b.type == "thinking":
+            thoughts.append(b.thinking or "")
+        elif b.type == "redacted_thinking":
+            continue  # another model's encrypted thoughts: nothing a local template can read
         elif b.type == "tool_use" and b.id and b.name:
             names[b.id] = b.name
             args = json.dumps(b.input or {}, ensure_ascii=False)
@@ -168,6 +189,8 @@ def _assistant(blocks: list[Block], where: str, names: dict[str, str]) -> dict[s
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
     if calls:
         msg["tool_calls"] = calls
+    if thoughts:
+        msg["reasoning_content"] = "".join(thoughts)  # what the Qwen3 template reads back
     return msg
 
 
@@ -227,6 +250,11 @@ def _tool_id(call: ToolCall) -> str:
     return "toolu_" + call.id.removeprefix("call_").replace("-", "")
 
 
+def _thinking_block(text: str) -> dict[str, Any]:
+    # NOTE: a local model's thoughts carry no signature (Anthropic's proves they came from its servers)
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def _usage(out: Outcome) -> dict[str, int]:
     return {"input_tokens": out.prompt_tokens, "output_tokens": out.completion_tokens,
             "cache_read_input_tokens": out.result.stats.n_cached_tokens}  # fmt: skip
@@ -268,8 +296,9 @@ class MessagesAPI:
         if isinstance(out, Response):
             return out
         content: list[dict[str, Any]] = (
-            [{"type": "text", "text": out.text}] if out.text or not out.calls else []
+            [_thinking_block(out.reasoning)] if prep.thinking and out.reasoning else []
         )
+        content += [{"type": "text", "text": out.text}] if out.text or not (out.calls or content) else []
         content += [_tool_use(c) for c in out.calls]
         reason, sequence = _stop(out, req.stop_sequences)
         body = {**_message(rid, req.model, content), "stop_reason": reason, "stop_sequence": sequence}
@@ -283,12 +312,23 @@ class MessagesAPI:
             "usage": {"input_tokens": len(prep.prompt_ids), "output_tokens": 0},
         }
         yield _event("message_start", message=start)
-        index, text_open = 0, False
+        index, text_open, thinking_open = 0, False, False
         async for item in self.core.pieces(prep, job):
             if isinstance(item, Failed):
                 body, _, _ = error_body(item.error)
                 yield {"event": "error", "data": json.dumps(body)}
                 return
+            if isinstance(item, ReasoningText):
+                if not thinking_open:
+                    block = _thinking_block("")
+                    yield _event("content_block_start", index=index, content_block=block)
+                    thinking_open = True
+                delta = {"type": "thinking_delta", "thinking": item.text}
+                yield _event("content_block_delta", index=index, delta=delta)
+                continue
+            if thinking_open:  # the thoughts end where anything else begins
+                yield _event("content_block_stop", index=index)
+                index, thinking_open = index + 1, False
             if isinstance(item, str) and not text_open:
                 yield _event("content_block_start", index=index, content_block={"type": "text", "text": ""})
                 text_open = True

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge.model import Result
+from edge.reasoning import ReasoningSplitter, split_reasoning
 from edge.server import anthropic, ollama, responses
 from edge.server import logprobs as lp
 from edge.server import protocol as p
@@ -82,6 +83,7 @@ class Handlers:
             max_tokens_param=param,
             stream=req.stream,
             include_usage=req.include_usage,
+            thinking=req.thinking(),
         )
 
     def _completion_request(self, body: bytes) -> CoreRequest:
@@ -137,11 +139,21 @@ class Handlers:
             finish = p.finish_reason(extra["stop_reason"])
             body = p.completion_response(rid, prep.model, text, finish, usage, extra, logprobs)
             return JSONResponse(body)
+        reasoning, text = split_reasoning(text, prep.thinking)
         content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
         finish = p.finish_reason(extra["stop_reason"], len(calls))
         made = [c.openai() for c in calls]
+        thought = None if prep.thinking is None else reasoning
         body = p.chat_response(
-            rid, prep.model, content, finish, usage, extra, tool_calls=made, logprobs=logprobs
+            rid,
+            prep.model,
+            content,
+            finish,
+            usage,
+            extra,
+            tool_calls=made,
+            logprobs=logprobs,
+            reasoning=thought,
         )
         return JSONResponse(body)
 
@@ -149,6 +161,7 @@ class Handlers:
         created = int(time.time())
         done = False
         splitter = prep.splitter()
+        thoughts = prep.reasoning_splitter() if chat else None
         logprobs = lp.ChunkLogprobs(chat)
         try:
             if chat:
@@ -160,7 +173,7 @@ class Handlers:
                     if not chat:
                         yield _data(p.completion_chunk(rid, prep.model, created, item, logprobs=logs))
                         continue
-                    deltas = _deltas(splitter, item)
+                    deltas = _chat_deltas(thoughts, splitter, item)
                     if logs is not None and not deltas:  # text held (a call may start): its entries go now
                         deltas = [{"content": ""}]
                     for i, delta in enumerate(deltas):
@@ -172,8 +185,8 @@ class Handlers:
                 if isinstance(item, Failed):
                     yield _data(json.loads(error_response(item.error).body))
                     return
-                if splitter is not None:
-                    for delta in _deltas(splitter, None):
+                if chat:
+                    for delta in _chat_deltas(thoughts, splitter, None):
                         yield _data(p.chat_chunk(rid, prep.model, created, delta))
                 result = item.result
                 extra = extra_stats(result, job, prep.notes)
@@ -190,6 +203,19 @@ class Handlers:
         finally:
             if not done:  # the client went away (or the server is stopping): stop generating
                 prep.sched.withdraw(job)
+
+
+def _chat_deltas(
+    thoughts: ReasoningSplitter | None, splitter: CallSplitter | None, piece: str | None
+) -> list[dict[str, Any]]:
+    """A piece of the output as chat deltas: a thinking model's reasoning as `reasoning_content` (llama.cpp's
+    and vLLM's delta field), the rest as `_deltas`. `piece=None`: the end of the output."""
+    if thoughts is None:
+        return _deltas(splitter, piece)
+    out: list[dict[str, Any]] = []
+    for is_reasoning, text in thoughts.finish() if piece is None else thoughts.feed(piece):
+        out += [{"reasoning_content": text}] if is_reasoning else _deltas(splitter, text)
+    return out + (_deltas(splitter, None) if piece is None else [])
 
 
 def _deltas(splitter: CallSplitter | None, piece: str | None) -> list[dict[str, Any]]:

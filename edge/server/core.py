@@ -12,6 +12,7 @@ writes it in its own error shape.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from edge.errors import (
     ModelInUseError,
     ModelNotFoundError,
     TemplateError,
+    ThinkingError,
     ToolError,
 )
 from edge.generate import GenerationConfig
@@ -36,6 +38,14 @@ from edge.grammar import check_grammar
 from edge.logprobs import TokenLogprob
 from edge.model import Model, Result, Stream
 from edge.options import GenerateOptions
+from edge.reasoning import (
+    ReasoningSplitter,
+    ReasoningText,
+    Thinking,
+    ThinkingConfig,
+    ThinkingPlan,
+    split_reasoning,
+)
 from edge.server import logprobs as lp
 from edge.server.config import ServerConfig
 from edge.server.drain import Drain
@@ -104,6 +114,8 @@ def classify(exc: BaseException) -> Problem:
         status, kind, code = 503, "server_error", "models_busy"
     elif isinstance(exc, GrammarError):
         status, kind, param = 400, "invalid_request_error", "response_format"
+    elif isinstance(exc, ThinkingError):
+        status, kind, param = 400, "invalid_request_error", exc.param
     elif isinstance(exc, ToolError):
         status, kind, param = 400, "invalid_request_error", "tools"
     elif isinstance(exc, ServerStopping):
@@ -152,6 +164,7 @@ class CoreRequest:
     prompt_param: str = "messages"
     stream: bool = False
     include_usage: bool = False
+    thinking: Thinking | None = None  # on / off / a budget; None: the template's default
 
 
 Runner = Callable[[Model, Callable[[], bool], Callable[[str], None]], Result]
@@ -169,6 +182,11 @@ class Prepared:
     include_usage: bool
     tools: ToolPlan | None = None
     notes: tuple[str, ...] = ()  # what reading the request's schemas dropped (the `edge` field says it)
+    thinking: ThinkingConfig | None = None  # a thinking model's block: its text is the reasoning
+
+    def reasoning_splitter(self) -> ReasoningSplitter | None:
+        """What tells the reasoning from the content (None: the model does not think)."""
+        return None if self.thinking is None else self.thinking.splitter()
 
     def splitter(self) -> CallSplitter | None:
         """What reads the answer's tool calls out of its text (None: the request can make none)."""
@@ -183,6 +201,7 @@ class Outcome:
     calls: list[ToolCall]
     result: Result
     extra: dict[str, Any]  # edge's statistics (the `edge` field)
+    reasoning: str = ""  # a thinking model's thoughts, apart from the text
 
     @property
     def stop_reason(self) -> str:
@@ -197,13 +216,17 @@ class Outcome:
         return self.result.stats.n_tokens
 
 
-def _render(sched: Scheduler, messages: list[dict[str, Any]], plan: ToolPlan | None) -> tuple[list[int], int]:
-    """A conversation's prompt ids and its system prompt span, rendered once, here, for every replica.
-    NOTE: one template renders at a time (its sandbox keeps one deadline per template)."""
+def _render(
+    sched: Scheduler, messages: list[dict[str, Any]], plan: ToolPlan | None, think: ThinkingPlan | None
+) -> tuple[list[int], int, ThinkingConfig | None]:
+    """A conversation's prompt ids, its system prompt span and where its thinking starts, rendered once, here,
+    for every replica. NOTE: one template renders at a time (its sandbox keeps one deadline per template)."""
     model = sched.replicas[0]
     with sched.render_lock:
         span = model.system_span(messages if plan is None else plan.messages(messages))
-        return model.chat_ids(messages, plan), span
+        text = model.render_chat(messages, plan, think)
+        thinking = None if think is None else model.thinking_config(messages, text, plan, think)
+        return model.encode_prompt(text), span, thinking
 
 
 def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runner:
@@ -226,7 +249,10 @@ def _runner(ids: list[int], config: GenerationConfig, keep: int | None) -> Runne
 
 
 def _config(
-    sched: Scheduler, opts: dict[str, Any], plan: ToolPlan | None = None
+    sched: Scheduler,
+    opts: dict[str, Any],
+    plan: ToolPlan | None = None,
+    thinking: ThinkingConfig | None = None,
 ) -> tuple[GenerationConfig, tuple[str, ...]]:
     """The request's GenerationConfig and the notes of reading its schemas; invalid options and a grammar the
     engine cannot enforce are a 400 before the job is queued (compiling a grammar takes milliseconds once the
@@ -235,6 +261,8 @@ def _config(
     notes = (() if config.grammar is None else config.grammar.notes) + (() if plan is None else plan.notes)
     if plan is not None:
         config = plan.constrain(config)
+    if thinking is not None:  # the grammar, if any, applies after the thinking (edge/reasoning.py)
+        config = dataclasses.replace(config, thinking=thinking)
     if config.grammar is not None:
         model = sched.replicas[0]
         check_grammar(config.grammar, model.tokenizer, model.decoder.vocab_size)
@@ -303,20 +331,29 @@ class Core:
         first = sched.replicas[0]
         plan: ToolPlan | None = None
         keep: int | None = None
+        thinking: ThinkingConfig | None = None
         if req.messages is not None:
             plan = first.tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls)
-            ids, keep = await run_in_threadpool(_render, sched, req.messages, plan)
+            think = first.thinking_plan(req.thinking)
+            ids, keep, thinking = await run_in_threadpool(_render, sched, req.messages, plan, think)
         else:
             if req.tools:
                 raise UnsupportedValue("tools", "tools need a chat request (messages), not a raw prompt")
+            if req.thinking is not None and req.thinking.asks:
+                first.thinking_plan(req.thinking)  # a model that does not think says so first
+                raise ThinkingError(
+                    "thinking needs a chat request (messages): a raw prompt is sent as it is",
+                    hint="send messages, or write the think tags into the prompt yourself",
+                    param=req.thinking.param,
+                )
             ids = await run_in_threadpool(first.encode_prompt, req.prompt or "")
         n_ctx = first.decoder.n_ctx
         self.check_prompt(len(ids), n_ctx, req.prompt_param)
         budget = self.budget(req.max_tokens, req.max_tokens_param, len(ids), n_ctx)
-        config, notes = await run_in_threadpool(_config, sched, {**req.options, "max_tokens": budget}, plan)
-        return Prepared(
-            req.model, sched, ids, _runner(ids, config, keep), req.stream, req.include_usage, plan, notes
-        )
+        opts = {**req.options, "max_tokens": budget}
+        config, notes = await run_in_threadpool(_config, sched, opts, plan, thinking)
+        run = _runner(ids, config, keep)
+        return Prepared(req.model, sched, ids, run, req.stream, req.include_usage, plan, notes, thinking)
 
     def submit(self, prep: Prepared) -> Job:
         self.check_open()  # on the loop, as the drain's cut: a job submitted before it is cut by it
@@ -340,8 +377,9 @@ class Core:
     async def answer(self, prep: Prepared, job: Job, request: Request) -> Outcome:
         """The whole answer, its tool calls split out; ClientGone if the client left first."""
         text, result = await wait_or_gone(job, prep.sched, request)
+        reasoning, text = split_reasoning(text, prep.thinking)
         content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
-        return Outcome(content, calls, result, extra_stats(result, job, prep.notes))
+        return Outcome(content, calls, result, extra_stats(result, job, prep.notes), reasoning)
 
     async def answer_or_response(
         self, prep: Prepared, job: Job, request: Request, error: Callable[[BaseException], Response]
@@ -354,12 +392,16 @@ class Core:
         except Exception as exc:
             return error(exc)
 
-    async def pieces(self, prep: Prepared, job: Job) -> AsyncIterator[str | ToolCall | Outcome | Failed]:
-        """The answer as it comes: text, whole tool calls, then its Outcome (text: all of it) or a Failed.
-        A consumer that stops early (the client went away) withdraws the job."""
+    async def pieces(
+        self, prep: Prepared, job: Job
+    ) -> AsyncIterator[str | ReasoningText | ToolCall | Outcome | Failed]:
+        """The answer as it comes: reasoning, text, whole tool calls, then its Outcome (text: all of it) or a
+        Failed. A consumer that stops early (the client went away) withdraws the job."""
         splitter = prep.splitter()
+        thoughts = prep.reasoning_splitter()
         done = False
         texts: list[str] = []
+        reasoning: list[str] = []
         calls: list[ToolCall] = []
         try:
             while True:
@@ -368,22 +410,37 @@ class Core:
                     done = True
                     yield item
                     return
-                if isinstance(item, str):
-                    news: list[str | ToolCall] = [item] if splitter is None else splitter.feed(item)
-                else:
-                    news = [] if splitter is None else splitter.finish()
-                for new in news:
-                    (calls if isinstance(new, ToolCall) else texts).append(new)  # type: ignore[arg-type]
-                    if new != "":
-                        yield new
+                parts = _reasoned(thoughts, item if isinstance(item, str) else None)
+                for part in parts:
+                    if isinstance(part, ReasoningText):
+                        reasoning.append(part.text)
+                        yield part
+                        continue
+                    news: list[str | ToolCall] = [part] if splitter is None else splitter.feed(part)
+                    for new in news:
+                        (calls if isinstance(new, ToolCall) else texts).append(new)  # type: ignore[arg-type]
+                        if new != "":
+                            yield new
                 if isinstance(item, Done):
+                    for new in [] if splitter is None else splitter.finish():
+                        (calls if isinstance(new, ToolCall) else texts).append(new)  # type: ignore[arg-type]
+                        if new != "":
+                            yield new
                     done = True
                     extra = extra_stats(item.result, job, prep.notes)
-                    yield Outcome("".join(texts), calls, item.result, extra)
+                    yield Outcome("".join(texts), calls, item.result, extra, "".join(reasoning))
                     return
         finally:
             if not done:  # the client went away (or the server is stopping): stop generating
                 prep.sched.withdraw(job)
+
+
+def _reasoned(thoughts: ReasoningSplitter | None, text: str | None) -> list[str | ReasoningText]:
+    """A piece of the output (None: its end) as reasoning and content parts."""
+    if thoughts is None:
+        return [] if text is None else [text]
+    parts = thoughts.finish() if text is None else thoughts.feed(text)
+    return [ReasoningText(t) if r else t for r, t in parts]
 
 
 async def collect(job: Job) -> tuple[str, Result]:

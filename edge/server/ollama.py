@@ -3,8 +3,8 @@
 `/api/chat` and `/api/generate` stream NDJSON by default (`"stream": false` for one object), take `format`
 ("json" or a JSON Schema: the answer is guaranteed to match), `tools`, `options` (num_predict, temperature,
 top_p, top_k, min_p, repeat_penalty, seed, stop, num_ctx) and `keep_alive`. Errors are Ollama's
-`{"error": "..."}`. What edge cannot do (images, thinking, creating, copying or pushing models) is a clear 400.
-Pulling and deleting catalog models: edge/server/ollama_lifecycle.py.
+`{"error": "..."}`. What edge cannot do (images, creating, copying or pushing models, `think` on a model that does
+not think) is a clear 400. Pulling and deleting catalog models: edge/server/ollama_lifecycle.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 import edge
+from edge.reasoning import ReasoningText, Thinking
 from edge.server import ollama_models as om
 from edge.server.config import parse_duration
 from edge.server.core import Core, CoreRequest, Outcome, Prepared, classify
@@ -77,9 +78,15 @@ class _Generation(_Request):
     think: bool | str | None = None
 
     def check(self) -> None:
-        if self.think not in (None, False):
-            raise UnsupportedValue("think", "this server's models do not think: leave think unset or false")
+        if isinstance(self.think, str) and self.think not in ("low", "medium", "high"):
+            raise UnsupportedValue(
+                "think", f'think is true, false, "low", "medium" or "high", not {self.think!r}'
+            )
         self.keep()  # an invalid duration is a 400
+
+    def thinking(self) -> Thinking | None:
+        """`think` (a level, as gpt-oss takes, is on); None: the template's default."""
+        return None if self.think is None else Thinking(on=self.think is not False, param="think")
 
     def keep(self) -> tuple[bool, float | None]:
         """Whether keep_alive was given, and its seconds (None: for ever)."""
@@ -128,6 +135,8 @@ class ChatRequest(_Generation):
                 ]
             if m.role == "tool" and m.tool_name:
                 msg["name"] = m.tool_name
+            if m.role == "assistant" and m.thinking is not None:
+                msg["reasoning_content"] = m.thinking  # what the Qwen3 template reads back
             out.append(msg)
         return out
 
@@ -255,6 +264,8 @@ class OllamaAPI:
         info = om.model_info(model)
         arch = str(info["general.architecture"])
         caps = ["completion", "tools"] if model.has_chat_template else ["completion"]
+        if model.template is not None and model.template.thinking is not None:
+            caps.append("thinking")
         template = model.template.source if model.template is not None else ""
         return JSONResponse(
             {
@@ -285,7 +296,7 @@ class OllamaAPI:
             name = om.resolve(req.model, self.registry)
             core = CoreRequest(
                 name, messages=req.chat_messages(), tools=req.tools or None, options=opts, max_tokens=budget,
-                max_tokens_param="options.num_predict", stream=req.stream,
+                max_tokens_param="options.num_predict", stream=req.stream, thinking=req.thinking(),
             )  # fmt: skip
             return core, req
 
@@ -298,6 +309,7 @@ class OllamaAPI:
             opts, budget = req.core_options()
             name = om.resolve(req.model, self.registry)
             common: dict[str, Any] = {"options": opts, "max_tokens": budget, "stream": req.stream}
+            common["thinking"] = req.thinking()
             common["max_tokens_param"] = "options.num_predict"
             raw = CoreRequest(name, prompt=req.prompt, prompt_param="prompt", **common)
             if req.raw or not req.prompt:
@@ -342,11 +354,15 @@ class OllamaAPI:
         body = _final(model, out, started)
         if chat:
             message: dict[str, Any] = {"role": "assistant", "content": out.text}
+            if prep.thinking is not None:
+                message["thinking"] = out.reasoning
             if out.calls:
                 message["tool_calls"] = [_call(c) for c in out.calls]
             body["message"] = message
         else:
             body["response"] = out.text
+            if prep.thinking is not None:
+                body["thinking"] = out.reasoning
         return JSONResponse({**body, "created_at": _now()})
 
     async def _load(self, name: str, chat: bool, given: bool, keep: float | None) -> Response:
@@ -374,7 +390,13 @@ class OllamaAPI:
                 )
                 return
             head = {"model": model, "created_at": _now(), "done": False}
-            if isinstance(item, ToolCall):
+            if isinstance(item, ReasoningText):  # Ollama streams thinking apart from the content
+                yield _line(
+                    {**head, "message": {"role": "assistant", "content": "", "thinking": item.text}}
+                    if chat
+                    else {**head, "response": "", "thinking": item.text}
+                )
+            elif isinstance(item, ToolCall):
                 yield _line(
                     {**head, "message": {"role": "assistant", "content": "", "tool_calls": [_call(item)]}}
                 )

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge.reasoning import Thinking
 from edge.server import logprobs as lp
 from edge.server.unsupported import UnsupportedValue
 
@@ -59,6 +60,7 @@ class Message(_Request):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # the call a tool message answers
+    reasoning_content: str | None = None  # an assistant's earlier thinking (the Qwen3 template reads it)
 
     def text(self, where: str) -> str:
         if self.content is None:
@@ -156,9 +158,42 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     top_logprobs: int | None = None
+    # thinking on a model whose template thinks: OpenAI's reasoning_effort ("none": off, any other: on) and
+    # llama.cpp's / vLLM's chat_template_kwargs {"enable_thinking": bool} (the one key edge passes on)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # the most thinking tokens before the close tag is forced (llama.cpp's per-request key)
+    thinking_budget_tokens: int | None = Field(default=None, ge=0)
 
     def logprobs_top(self) -> int | None:
         return lp.chat_top(self.logprobs, self.top_logprobs)
+
+    def thinking(self) -> Thinking | None:
+        """What the request asks of thinking (None: the template's default)."""
+        kwargs = self.chat_template_kwargs or {}
+        unknown = sorted(set(kwargs) - {"enable_thinking"})
+        if unknown:
+            raise UnsupportedValue(
+                "chat_template_kwargs", f"chat_template_kwargs takes only enable_thinking (got {unknown})"
+            )
+        enable = kwargs.get("enable_thinking")
+        if enable is not None and not isinstance(enable, bool):
+            raise UnsupportedValue(
+                "chat_template_kwargs", "chat_template_kwargs.enable_thinking is a boolean"
+            )
+        effort = None if self.reasoning_effort is None else self.reasoning_effort != "none"
+        if enable is not None and effort is not None and enable != effort:
+            raise UnsupportedValue(
+                "reasoning_effort", "reasoning_effort and chat_template_kwargs.enable_thinking disagree"
+            )
+        on = enable if enable is not None else effort
+        budget = self.thinking_budget_tokens
+        if on is False and budget is not None:
+            raise UnsupportedValue("thinking_budget_tokens", "a thinking budget needs thinking on")
+        if on is None and budget is None:
+            return None
+        param = "reasoning_effort" if effort is not None else "chat_template_kwargs"
+        return Thinking(on=on, budget=budget, param="thinking_budget_tokens" if on is None else param)
 
     def check(self) -> None:
         self.check_common()
@@ -179,6 +214,8 @@ class ChatCompletionRequest(_Sampling):
                 msg["tool_call_id"] = m.tool_call_id
             if m.name is not None and role == "tool":
                 msg["name"] = m.name
+            if m.reasoning_content is not None and role == "assistant":
+                msg["reasoning_content"] = m.reasoning_content
             out.append(msg)
         return out
 
@@ -263,10 +300,13 @@ def chat_response(
     *,
     tool_calls: list[dict[str, Any]] | None = None,
     logprobs: dict[str, Any] | None = None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+    if reasoning is not None:  # a thinking model's (llama.cpp's and vLLM's field)
+        message["reasoning_content"] = reasoning
     return {
         "id": rid,
         "object": "chat.completion",

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge.reasoning import ReasoningText, Thinking
 from edge.server import protocol as p
 from edge.server.core import Core, CoreRequest, Outcome, Prepared, classify
 from edge.server.scheduler import Failed, Job
@@ -60,8 +61,26 @@ class ResponsesRequest(_Request):
             )  # fmt: skip
         if self.background:
             raise UnsupportedValue("background", "background responses are not supported")
-        if self.reasoning and self.reasoning.get("effort") not in (None, "none", "minimal"):
-            raise UnsupportedValue("reasoning", "this server's models do not reason: leave reasoning unset")
+        self.thinking()  # an invalid reasoning object is a 400 here
+
+    def thinking(self) -> Thinking | None:
+        """`reasoning.effort` ("none": off, any other: on); a summary edge cannot write is refused."""
+        spec = self.reasoning or {}
+        unknown = sorted(set(spec) - {"effort", "summary", "generate_summary"})
+        if unknown:
+            raise UnsupportedValue("reasoning", f"reasoning has unknown keys {unknown}")
+        for key in ("summary", "generate_summary"):
+            if spec.get(key) not in (None, "auto"):
+                raise UnsupportedValue(
+                    f"reasoning.{key}",
+                    "reasoning summaries are not written: the thoughts come whole, as reasoning_text",
+                )  # "auto" leaves it to the server, which writes none
+        effort = spec.get("effort")
+        if effort is None:
+            return None
+        if effort not in ("none", "minimal", "low", "medium", "high"):
+            raise UnsupportedValue("reasoning.effort", f"reasoning.effort {effort!r} is not known")
+        return Thinking(on=effort != "none", param="reasoning")
 
     def to_core(self) -> CoreRequest:
         opts: dict[str, Any] = {"temperature": 1.0 if self.temperature is None else self.temperature}
@@ -81,6 +100,7 @@ class ResponsesRequest(_Request):
             max_tokens_param="max_output_tokens",
             prompt_param="input",
             stream=self.stream,
+            thinking=self.thinking(),
         )
 
     def messages(self) -> list[dict[str, Any]]:
@@ -96,15 +116,19 @@ class ResponsesRequest(_Request):
 
 def _item(item: dict[str, Any], where: str, out: list[dict[str, Any]]) -> None:
     kind = item.get("type", "message")
+    last = out[-1] if out else None
     if kind == "message":
         role = item.get("role")
         if role not in ("user", "assistant", "system", "developer"):
             raise UnsupportedValue(f"{where}.role", f"role {role!r} is not supported")
+        if role == "assistant" and _thought_only(last):  # the turn its reasoning item opened
+            assert last is not None
+            last["content"] = _content(item, where)
+            return
         out.append({"role": "system" if role == "developer" else role, "content": _content(item, where)})
     elif kind == "function_call":
         fn = {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}
         call = {"id": item.get("call_id"), "type": "function", "function": fn}
-        last = out[-1] if out else None
         if (
             last is not None and last["role"] == "assistant" and not last["content"]
         ):  # one turn, several calls
@@ -115,10 +139,20 @@ def _item(item: dict[str, Any], where: str, out: list[dict[str, Any]]) -> None:
         output = item.get("output")
         text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
         out.append({"role": "tool", "content": text, "tool_call_id": item.get("call_id")})
-    elif kind == "reasoning":
-        return  # a reasoning model's earlier thoughts: the templates here take none
+    elif kind == "reasoning":  # earlier thoughts: they open the assistant turn that follows
+        texts = [c.get("text") or "" for c in item.get("content") or [] if isinstance(c, dict)]
+        out.append({"role": "assistant", "content": "", "reasoning_content": "".join(texts)})
     else:
         raise UnsupportedValue(f"{where}.type", f"input item {kind!r} is not supported")
+
+
+def _thought_only(msg: dict[str, Any] | None) -> bool:
+    return (
+        msg is not None
+        and msg["role"] == "assistant"
+        and "reasoning_content" in msg
+        and not (msg["content"] or msg.get("tool_calls"))
+    )
 
 
 def _content(item: dict[str, Any], where: str) -> str:
@@ -183,6 +217,13 @@ def _message_item(text: str, status: str = "completed", item_id: str | None = No
             "content": [] if status == "in_progress" else [part]}  # fmt: skip
 
 
+def _reasoning_item(text: str, status: str = "completed", item_id: str | None = None) -> dict[str, Any]:
+    """The thoughts as a Responses reasoning item (the whole text, as open-weight models give it; no summary)."""
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id or _new("rs"), "summary": [], "content": content,
+            "status": status}  # fmt: skip
+
+
 def _cut(item: Outcome | ToolCall) -> bool:
     """An answer cut short by its token budget (or the server's stop): Responses calls it incomplete."""
     return (
@@ -217,6 +258,7 @@ class ResponsesAPI:
             "input_tokens": out.prompt_tokens,
             "input_tokens_details": {"cached_tokens": out.result.stats.n_cached_tokens},
             "output_tokens": out.completion_tokens,
+            # NOTE: the thoughts' tokens are not counted apart (a piece of text may hold both sides of a tag)
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": out.prompt_tokens + out.completion_tokens,
         }
@@ -242,7 +284,8 @@ class ResponsesAPI:
         if isinstance(out, Response):
             return out
         status = "incomplete" if _cut(out) else "completed"
-        output = [_message_item(out.text, status)] if out.text or not out.calls else []
+        output = [_reasoning_item(out.reasoning)] if prep.thinking is not None and out.reasoning else []
+        output += [_message_item(out.text, status)] if out.text or not (out.calls or output) else []
         output += [_call_item(c) for c in out.calls]
         return JSONResponse(self._done(self._shell(rid, req, "completed"), out, output))
 
@@ -256,6 +299,8 @@ class _Events:
         self.output: list[dict[str, Any]] = []
         self.text_id: str | None = None
         self.text = ""
+        self.thought_id: str | None = None
+        self.thought = ""
 
     def event(self, kind: str, **fields: Any) -> dict[str, str]:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -285,6 +330,12 @@ class _Events:
                 e = classify(item.error)
                 yield self.event("error", code=e.code or e.kind, message=e.message, param=e.param)
                 return
+            if isinstance(item, ReasoningText):
+                for ev in self.thought_piece(item.text):
+                    yield ev
+                continue
+            for ev in self.close_thought():
+                yield ev
             if isinstance(item, str):
                 for ev in self.text_piece(item):
                     yield ev
@@ -299,6 +350,36 @@ class _Events:
             kind = "response.completed" if done["status"] == "completed" else "response.incomplete"
             yield self.event(kind, response=done)
             return
+
+    def thought_piece(self, piece: str) -> list[dict[str, str]]:
+        out = []
+        i = len(self.output)
+        if self.thought_id is None:
+            self.thought_id, self.thought = _new("rs"), ""
+            item = _reasoning_item("", "in_progress", self.thought_id)
+            out.append(self.event("response.output_item.added", output_index=i, item=item))
+        self.thought += piece
+        out.append(self.event("response.reasoning_text.delta", item_id=self.thought_id, output_index=i,
+                              content_index=0, delta=piece))  # fmt: skip
+        return out
+
+    def close_thought(self) -> list[dict[str, str]]:
+        if self.thought_id is None:
+            return []
+        i, rid = len(self.output), self.thought_id
+        item = _reasoning_item(self.thought, "completed", rid)
+        self.output.append(item)
+        self.thought_id = None
+        return [
+            self.event(
+                "response.reasoning_text.done",
+                item_id=rid,
+                output_index=i,
+                content_index=0,
+                text=self.thought,
+            ),
+            self.event("response.output_item.done", output_index=i, item=item),
+        ]
 
     def text_piece(self, piece: str) -> list[dict[str, str]]:
         out = []
