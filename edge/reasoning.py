@@ -179,8 +179,14 @@ class ReasoningSplitter:
                 self._buf, self.state = head[len(self.open) :], "lead"
             elif head and not self.open.startswith(head):
                 self.state = "content"
-        elif self.state == "lead":  # the reasoning's leading whitespace is dropped
-            self._buf = buf.lstrip()
+        elif self.state == "lead":  # the reasoning's leading whitespace is dropped, and an open tag written
+            head = buf.lstrip()  # again where the prompt already opened the block (R1 distills' templates)
+            if head.startswith(self.open):
+                head = head[len(self.open) :].lstrip()
+            elif self.open.startswith(head):
+                self._buf = head
+                return  # maybe the tag, not yet whole: wait
+            self._buf = head
             if self._buf:
                 self.state = "thinking"
         elif self.state == "thinking":
@@ -286,7 +292,7 @@ class ThinkingGate:
             return self._vocab.thinking(self._close, _partial(s.tail, self._close), self.inner is not None)
         if self.inner is None:
             return self._vocab.free()
-        if s.phase == "gap":
+        if s.phase == "gap" and s.gap + 1 < MAX_GAP:  # the last gap token goes to the answer's grammar
             return self.inner.allowed() | self._vocab.whitespace()
         return self.inner.allowed()
 
@@ -343,7 +349,7 @@ class ThinkingGate:
             return bool(self.allowed()[token])
         if self.inner is None:
             return True
-        if s.phase == "gap" and self._vocab.whitespace()[token]:
+        if s.phase == "gap" and s.gap + 1 < MAX_GAP and self._vocab.whitespace()[token]:
             return True
         return self.inner.valid_prefix([token]) == 1
 

@@ -143,7 +143,9 @@ class Handlers:
         content, calls = (text, []) if prep.tools is None else prep.tools.split(text)
         finish = p.finish_reason(extra["stop_reason"], len(calls))
         made = [c.openai() for c in calls]
-        thought = None if prep.thinking is None else reasoning
+        thought = (
+            reasoning if prep.thinking is not None and reasoning else None
+        )  # as llama.cpp: no empty field
         body = p.chat_response(
             rid,
             prep.model,

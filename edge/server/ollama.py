@@ -354,14 +354,14 @@ class OllamaAPI:
         body = _final(model, out, started)
         if chat:
             message: dict[str, Any] = {"role": "assistant", "content": out.text}
-            if prep.thinking is not None:
+            if prep.thinking is not None and out.reasoning:  # as Ollama: no empty field
                 message["thinking"] = out.reasoning
             if out.calls:
                 message["tool_calls"] = [_call(c) for c in out.calls]
             body["message"] = message
         else:
             body["response"] = out.text
-            if prep.thinking is not None:
+            if prep.thinking is not None and out.reasoning:
                 body["thinking"] = out.reasoning
         return JSONResponse({**body, "created_at": _now()})
 

@@ -158,7 +158,9 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     top_logprobs: int | None = None
-    # thinking on a model whose template thinks: OpenAI's reasoning_effort ("none": off, any other: on) and
+    # thinking on a model whose template thinks: OpenAI's reasoning_effort ("none" and "minimal": off, the
+    # nearest a local template has to minimal reasoning, so a model that does not think takes both; "low" and
+    # above: on) and
     # llama.cpp's / vLLM's chat_template_kwargs {"enable_thinking": bool} (the one key edge passes on)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -181,7 +183,7 @@ class ChatCompletionRequest(_Sampling):
             raise UnsupportedValue(
                 "chat_template_kwargs", "chat_template_kwargs.enable_thinking is a boolean"
             )
-        effort = None if self.reasoning_effort is None else self.reasoning_effort != "none"
+        effort = None if self.reasoning_effort is None else self.reasoning_effort not in ("none", "minimal")
         if enable is not None and effort is not None and enable != effort:
             raise UnsupportedValue(
                 "reasoning_effort", "reasoning_effort and chat_template_kwargs.enable_thinking disagree"

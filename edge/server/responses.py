@@ -80,7 +80,8 @@ class ResponsesRequest(_Request):
             return None
         if effort not in ("none", "minimal", "low", "medium", "high"):
             raise UnsupportedValue("reasoning.effort", f"reasoning.effort {effort!r} is not known")
-        return Thinking(on=effort != "none", param="reasoning")
+        # "minimal" is off, as on chat completions (edge/server/protocol.py): a model that does not think takes it
+        return Thinking(on=effort not in ("none", "minimal"), param="reasoning")
 
     def to_core(self) -> CoreRequest:
         opts: dict[str, Any] = {"temperature": 1.0 if self.temperature is None else self.temperature}

@@ -16,6 +16,7 @@ from edge.generate import Generation, GenerationConfig
 from edge.grammar import Grammar, compile_grammar
 from edge.models.chat_template import ChatTemplate
 from edge.reasoning import (
+    MAX_GAP,
     ReasoningSplitter,
     Thinking,
     ThinkingConfig,
@@ -84,6 +85,8 @@ CORPUS = [
     ("either", "<think>\ncut short by max_tokens", "cut short by max_tokens", ""),
     ("either", '<think>\n\n</think>\n\n{"a": 1}', "", '{"a": 1}'),
     ("either", "<thinking is not the tag", "", "<thinking is not the tag"),
+    # the prompt opened the block (R1 distills) and the model writes the open tag again: not reasoning text
+    ("thinking", "<think>\nStep one.</think>Done.", "Step one.", "Done."),
     ("either", "<th", "", "<th"),
     ("either", "<think>a </thi b</think>c", "a </thi b", "c"),
     ("either", "<think>x</think>y <think>z</think>", "x", "y <think>z</think>"),
@@ -146,6 +149,24 @@ def test_gate_frees_thinking_then_hands_the_answer_to_the_grammar(qwen3: edge.Mo
     assert gate.state.phase == "answer" and gate.accepting
     gate.rollback(3)  # back before the gap: the answer's grammar rolled back with it
     assert gate.state.phase == "gap" and not inner.accepting
+
+
+def test_gate_offers_only_what_it_then_takes_after_the_close(qwen3: edge.Model) -> None:
+    """The gap's whitespace is bounded: once the answer's grammar must take the next token, the gate offers
+    only what that grammar allows, so a sampled newline never reaches a grammar that refuses it."""
+    tok, n = qwen3.tokenizer, qwen3.decoder.vocab_size
+    inner = compile_grammar(Grammar.json_schema({"type": "integer"}), tok, n)
+    gate = ThinkingGate(_config("thinking"), tok, n, inner)
+    for t in _ids(qwen3, "Hmm.</think>"):
+        gate.advance(t)
+    newline = _ids(qwen3, "\n")[0]
+    taken = 0
+    while gate.allowed()[newline]:
+        gate.advance(newline)  # every offered token is taken without an error
+        taken += 1
+        assert taken < 10, "the gap must end"
+    assert taken == MAX_GAP - 1 and gate.allowed()[_ids(qwen3, "4")[0]]
+    assert gate.allowed().sum() == inner.allowed().sum()
 
 
 def test_gate_refuses_a_token_running_past_the_close_into_the_answer(qwen3: edge.Model) -> None:

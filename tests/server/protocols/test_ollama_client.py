@@ -144,9 +144,11 @@ def test_keep_alive_zero_gives_the_memory_back_and_reloads(client: ollama.Client
     # unloaded again, the server is back within 10% of before that load: what stays after the first unload
     # is the runtimes' code and one-time state (ONNX Runtime's environment, the tokenizer and grammar
     # libraries), loaded once per process as a runner binary is
-    idle = _rss_settled()
     client.generate(MODEL, keep_alive=0)
+    assert client.ps().models == []
+    idle = _rss_settled()  # unloaded: before the next load
     client.generate(MODEL, prompt="Hi", options={"num_predict": 2})
+    assert client.ps().models and _rss_settled() > idle + 0.5 * CATALOG[MODEL].size  # it did load
     client.generate(MODEL, keep_alive=0)
     after = _rss_settled()
     assert after <= 1.1 * idle, f"{after >> 20} MiB after the unload, {idle >> 20} MiB before the load"
