@@ -141,6 +141,8 @@ def device_profiles(
         if not status.available or status.name not in runnable:
             continue
         for dev in status.devices:
+            if not dev.runnable:  # listed by `edge devices` with why not; never planned on
+                continue
             key = f"{PROBE_VERSION}|{status.name}|{dev.name}|{status.version}|{inventory.cpu.model}"
             gbs = cache.get(key)
             if gbs is None and measure:
@@ -158,6 +160,7 @@ def device_profiles(
                     bandwidth_gbs=gbs or 0.0,
                     dynamic_shapes=dev.kind != "npu",
                     measured=gbs is not None,
+                    index=dev.index,
                 )
             )
     if emulate_npu and not any(d.kind == "npu" for d in out):

@@ -1,0 +1,58 @@
+"""A device as edge names it: a kind (`cpu`, `gpu`, `npu`) and, where the runtime numbers several of a kind, the
+runtime's own number: OpenVINO's `GPU.0` / `GPU.1` (an iGPU beside a dGPU) are `gpu.0` / `gpu.1`.
+
+The runtime's spelling is accepted as is (`GPU.1`): names are case-insensitive, and a backend goes before a
+colon as everywhere else in `--device` (`openvino:gpu.1`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from edge.devices.probes import BackendDevice
+from edge.errors import DeviceError
+
+__all__ = ["DEVICE_KINDS", "DeviceName", "choose_device", "device_kind"]
+
+DEVICE_KINDS = ("cpu", "gpu", "npu")
+_NAME = re.compile(r"^(cpu|gpu|npu)(?:\.(\d+))?$")
+
+
+@dataclass(frozen=True)
+class DeviceName:
+    kind: str  # cpu | gpu | npu
+    index: int | None = None  # the runtime's number among devices of this kind; None: any one of them
+
+    def __str__(self) -> str:
+        return self.kind if self.index is None else f"{self.kind}.{self.index}"
+
+    @classmethod
+    def parse(cls, text: str) -> DeviceName:
+        """`gpu`, `gpu.1`, `GPU.1` (OpenVINO's spelling); anything else is a DeviceError saying what exists."""
+        m = _NAME.match(text.strip().lower())
+        if m is None:
+            raise DeviceError(
+                f"unknown device {text!r}",
+                hint="use cpu, gpu, npu, or a numbered one as the runtime lists it (gpu.0, gpu.1: `edge devices`)",
+            )
+        return cls(m.group(1), None if m.group(2) is None else int(m.group(2)))
+
+    def matches(self, dev: BackendDevice) -> bool:
+        return dev.kind == self.kind and (self.index is None or dev.index == self.index)
+
+
+def device_kind(device: str) -> str:
+    """The kind of a device name (`gpu.1` -> `gpu`); names that are no device (`auto`, `hetero:...`) unchanged."""
+    m = _NAME.match(device.strip().lower())
+    return m.group(1) if m else device
+
+
+def choose_device(devices: Sequence[BackendDevice], name: DeviceName) -> BackendDevice | None:
+    """The runnable device `name` asks for. Where it names no number and several match, a discrete GPU (its own
+    memory: the faster one on an iGPU + dGPU laptop) before the lowest-numbered; None when none matches."""
+    found = [d for d in devices if d.runnable and name.matches(d)]
+    if not found:
+        return None
+    return min(found, key=lambda d: (d.memory_bytes is None, -1 if d.index is None else d.index))
