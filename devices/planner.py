@@ -116,10 +116,15 @@ class PlannedPartition:
 
     def describe(self) -> str:
         span = f"layers {self.layers.start}-{self.layers.stop - 1}" + (" + head" if self.head else "")
+        speed = (
+            f"~{self.est_ms_per_token:.1f} ms/token at {self.device.bandwidth_gbs:.1f} GB/s"
+            f"{' measured' if self.device.measured else ' (described)'}"
+            if self.device.bandwidth_gbs > 0
+            else "speed not measured"
+        )
         return (
             f"{span} on {self.device.label}: weights {self.weight_bytes / _MB:.0f} MB, KV {self.kv_bytes / _MB:.0f} MB"
-            f"{', static shapes' if self.static else ''}, ~{self.est_ms_per_token:.1f} ms/token "
-            f"at {self.device.bandwidth_gbs:.1f} GB/s{' measured' if self.device.measured else ' (described)'}"
+            f"{', static shapes' if self.static else ''}, {speed}"
         )
 
 
@@ -202,7 +207,9 @@ def _fits(model: ModelProfile, layers: range, head: bool, dev: DeviceProfile) ->
 
 def _partition(model: ModelProfile, layers: range, head: bool, dev: DeviceProfile) -> PlannedPartition:
     w = model.weights(layers, head)
-    return PlannedPartition(layers, head, dev, w, model.kv(layers), w / (dev.bandwidth_gbs * 1e9) * 1e3)
+    # an unmeasured device (one NPU alone needs no ranking: devices/planned.py) has no estimate
+    ms = w / (dev.bandwidth_gbs * 1e9) * 1e3 if dev.bandwidth_gbs > 0 else 0.0
+    return PlannedPartition(layers, head, dev, w, model.kv(layers), ms)
 
 
 def _resolve(target: Target, devices: Sequence[DeviceProfile]) -> DeviceProfile | None:
