@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edge.devices.auto import Choice
-from edge.devices.device_names import DEVICE_KINDS, DeviceName, choose_device, device_kind
 from edge.devices.discovery import BackendDevice, Inventory
 from edge.devices.planner import absent_device_hint
 from edge.devices.registry import BACKENDS, runnable_backends
+from edge.devices.runtime_devices import DEVICE_KINDS, DeviceName, choose_device, device_kind
 from edge.errors import BackendUnavailableError, DeviceError
 
 
@@ -112,7 +112,7 @@ def place(
 
 
 def _placed(backend: str, inventory: Inventory, name: DeviceName) -> Placement:
-    """On the device `name` picks (devices/device_names.choose_device), named as exactly as the runtime numbers
+    """On the device `name` picks (devices/runtime_devices.choose_device), named as exactly as the runtime numbers
     it, so the runner compiles for that one (GPU.1, never GPU where two exist), sized by its own memory."""
     dev = choose_device(_runnable(inventory, backend), name)
     assert dev is not None

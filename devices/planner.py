@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from edge.devices.device_names import DeviceName
+from edge.devices.runtime_devices import DeviceName
 from edge.errors import DeviceError
 
 __all__ = [

@@ -5,31 +5,22 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from edge.devices.runtime_devices import ORT_RUNNER_PROVIDERS, BackendDevice, openvino_devices
 
 __all__ = [
     "ORT_EP_LIBRARIES_ENV",
     "ORT_RUNNER_PROVIDERS",
     "BackendDevice",
     "BackendStatus",
+    "openvino_devices",
     "probe_coreml",
     "probe_llamacpp",
     "probe_openvino",
     "probe_ort",
 ]
-
-
-@dataclass(frozen=True)
-class BackendDevice:
-    name: str  # as the backend names it: "CPU", "GPU.0", "NPU", "cpu", "CUDAExecutionProvider"
-    kind: str  # "cpu" | "gpu" | "npu"
-    full_name: str = ""
-    properties: dict[str, Any] = field(default_factory=dict)
-    index: int | None = None  # the runtime's number among devices of its kind: OpenVINO's GPU.1 -> 1
-    memory_bytes: int | None = None  # its own memory (a discrete GPU's); None: it shares the system's
-    runnable: bool = True  # False: discovered and listed, but edge cannot run on it (`why_not` says why)
-    why_not: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,11 +32,6 @@ class BackendStatus:
     reason: str = ""  # why it is unavailable
     hint: str = ""  # how to make it available
     note: str = ""  # how it runs here when not as built (llama.cpp: the configuration its check chose)
-
-
-def _kind(name: str) -> str:
-    upper = name.upper()
-    return "npu" if "NPU" in upper else "gpu" if "GPU" in upper else "cpu"
 
 
 def probe_llamacpp() -> BackendStatus:
@@ -73,38 +59,6 @@ def probe_llamacpp() -> BackendStatus:
     return BackendStatus("llamacpp", True, llama_cpp.__version__, tuple(devices), note=verdict.describe())
 
 
-def openvino_devices(core: Any) -> tuple[BackendDevice, ...]:
-    """OpenVINO's devices as its `Core` lists them (`CPU`, `GPU.0`, `GPU.1`, `NPU`), each with its number and, for
-    a discrete GPU, its own memory (`GPU_DEVICE_TOTAL_MEM_SIZE`; an integrated one shares the system's)."""
-    devices = []
-    for name in core.available_devices:
-        props: dict[str, Any] = {}
-        for prop in ("OPTIMIZATION_CAPABILITIES", "DEVICE_TYPE", "GPU_DEVICE_TOTAL_MEM_SIZE"):
-            try:
-                value = core.get_property(name, prop)
-                props[prop] = [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
-            except Exception:  # not every device exposes every property
-                continue
-        try:
-            full = str(core.get_property(name, "FULL_DEVICE_NAME"))
-        except Exception:
-            full = name
-        _, _, number = name.partition(".")
-        total = props.get("GPU_DEVICE_TOTAL_MEM_SIZE", "")
-        own = props.get("DEVICE_TYPE") == "Type.DISCRETE" and total.isdigit()
-        devices.append(
-            BackendDevice(
-                name,
-                _kind(name),
-                full,
-                props,
-                index=int(number) if number.isdigit() else None,
-                memory_bytes=int(total) if own else None,
-            )
-        )
-    return tuple(devices)
-
-
 def probe_openvino() -> BackendStatus:
     try:
         import openvino as ov
@@ -115,12 +69,6 @@ def probe_openvino() -> BackendStatus:
     return BackendStatus("openvino", True, ov.get_version(), openvino_devices(ov.Core()))
 
 
-# The providers edge's ORT runner opens (devices/runners.OrtRunner), by the device kind they run.
-ORT_RUNNER_PROVIDERS: dict[str, str] = {
-    "CPUExecutionProvider": "cpu",
-    "CUDAExecutionProvider": "gpu",
-    "DmlExecutionProvider": "gpu",
-}
 # Local providers ORT may report that the runner does not open: their kind and why not. Others (e.g. Azure: a
 # remote endpoint) are not devices and are not listed.
 ORT_LISTED_PROVIDERS: dict[str, tuple[str, str]] = {

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge.devices.device_names import DeviceName, choose_device
 from edge.devices.mapped import drop_mapped_pages, dropping_mapped_pages, mapped_sources, release_heap
 from edge.devices.precision import BF16
+from edge.devices.runtime_devices import ORT_RUNNER_PROVIDERS, DeviceName, choose_device, openvino_devices
 from edge.errors import BackendUnavailableError, DeviceError
 from edge.models.onnx_safety import check_onnx_file
 
@@ -271,8 +271,6 @@ class OpenVinoRunner:
 def ort_providers(ort: Any, device: str) -> list[str]:
     """The providers an ORT session for edge's `device` is given, in ORT's order of preference: those of
     ORT_RUNNER_PROVIDERS for its kind that this ORT build has (CUDA before DirectML on a GPU)."""
-    from edge.devices.probes import ORT_RUNNER_PROVIDERS
-
     name = DeviceName.parse(device)
     have = ort.get_available_providers()
     if name.index is not None:
@@ -291,9 +289,7 @@ def ort_providers(ort: Any, device: str) -> list[str]:
 
 def openvino_target(core: Any, device: str) -> str:
     """The exact name OpenVINO lists for edge's `device`: gpu.1 -> GPU.1; gpu -> its one GPU (GPU or GPU.0), or
-    where it lists several, the one devices/device_names.choose_device picks (never the bare GPU alias)."""
-    from edge.devices.probes import openvino_devices
-
+    where it lists several, the one devices/runtime_devices.choose_device picks (never the bare GPU alias)."""
     name = DeviceName.parse(device)
     found = openvino_devices(core)
     dev = choose_device(found, name)

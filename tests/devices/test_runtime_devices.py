@@ -129,7 +129,7 @@ def test_a_numbered_gpu_is_placed_by_its_number_in_either_spelling(core: FakeCor
         place(inv, backend="openvino", device="gpu.2")
 
 
-def test_device_names_parse_with_a_backend_and_refuse_other_spellings() -> None:
+def test_runtime_devices_parse_with_a_backend_and_refuse_other_spellings() -> None:
     assert parse_device("openvino:gpu.1") == ("single", [Target("gpu", "openvino", 1)])
     assert parse_device("GPU.0") == ("single", [Target("gpu", None, 0)])
     assert str(Target("gpu", "openvino", 1)) == "openvino:gpu.1"
