@@ -483,10 +483,10 @@ def _open_single(
     named = asked is not None or t.backend is not None  # errors name only a chosen backend
     try:
         placement = place(
-            discover((backend,)), backend=backend, device=t.kind, fallback=allow, backend_named=named
+            discover((backend,)), backend=backend, device=t.device, fallback=allow, backend_named=named
         )
     except DeviceError:  # say it again with every backend's devices listed, not only this one's
-        placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
+        placement = place(discover(), backend=backend, device=t.device, fallback=allow, backend_named=named)
     if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
         choice = choice or _auto_choice(path, options)
         if choice.plan is not None:
@@ -600,10 +600,17 @@ def _open_artifact_partitions(
         )
     where = []
     for t in targets:
-        dev = next((p for p in profiles if p.kind == t.kind and p.backend == (t.backend or art.target)), None)
+        dev = next(
+            (
+                p
+                for p in profiles
+                if p.kind == t.kind and t.index in (None, p.index) and p.backend == (t.backend or art.target)
+            ),
+            None,
+        )
         if dev is None or BACKENDS[dev.backend].runner is None:
             raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
-        where.append((dev.backend, dev.kind))
+        where.append((dev.backend, dev.device))
     check_f32_kv(options.kv_dtype, f"{path.name} (an edge convert artifact)")
     popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads, precision=options.precision)
     backends = "+".join(dict.fromkeys(b for b, _ in where))

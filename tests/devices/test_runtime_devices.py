@@ -221,6 +221,25 @@ def test_gpu_says_what_it_tried_when_no_backend_has_one(
     assert (opening.placement.device, opening.placement.fallback) == ("cpu", "gpu -> cpu")
 
 
+def test_the_gpu_asked_for_by_number_is_the_one_placed(
+    core: FakeCore, monkeypatch: pytest.MonkeyPatch, model_file: Path
+) -> None:
+    _discovering(monkeypatch, _inventory(LLAMA_CPU, probe_openvino(), ORT_CUDA))
+    opts = PlannedOptions(n_ctx=256)
+    for request, device in (
+        (DeviceRequest(device="gpu.0"), "gpu.0"),
+        (DeviceRequest(backend="openvino", device="GPU.0"), "gpu.0"),
+        (DeviceRequest(device="openvino:gpu.1"), "gpu.1"),
+        (DeviceRequest(device="gpu"), "gpu.1"),  # the discrete one, by its number
+    ):
+        where = resolve_request(model_file, request, opts).placement
+        assert (where.backend, where.device) == ("openvino", device), request
+    # a number no backend has: each backend tried says so
+    with pytest.raises(NoUsableDeviceError, match=r"no backend runs gpu\.2 here") as err:
+        resolve_request(model_file, DeviceRequest(device="gpu.2"), opts)
+    assert [b for b, _ in err.value.attempts] == ["openvino", "llamacpp", "ort"]
+
+
 def test_a_gpu_is_sized_with_its_own_memory(monkeypatch: pytest.MonkeyPatch, model_file: Path) -> None:
     tiny_dgpu = BackendDevice("GPU.1", "gpu", index=1, memory_bytes=1 << 10)  # 1 KiB of its own
     ov = BackendStatus("openvino", True, "0", (BackendDevice("CPU", "cpu"), tiny_dgpu))
