@@ -123,6 +123,14 @@ def _register_plugins(ort: Any) -> list[str]:
     return failed
 
 
+def _ort_own_memory(metadata: dict[str, Any]) -> int | None:
+    """A discrete GPU's own memory as ORT's device discovery reports it (Windows: DXGI's dedicated video memory,
+    "DxgiVideoMemory": "8192 MB", with "Discrete": "1"); None where it is not reported or the GPU is integrated
+    (its dedicated memory is a small carve-out: it runs in the system's)."""
+    size = str(metadata.get("DxgiVideoMemory", "")).removesuffix(" MB")
+    return int(size) << 20 if str(metadata.get("Discrete", "")) == "1" and size.isdigit() else None
+
+
 def _ep_device(ep: Any, builtin: set[str]) -> BackendDevice | None:
     """One of ORT's `OrtEpDevice`s (an execution provider on one hardware device) as edge lists it."""
     provider = str(ep.ep_name)
@@ -137,7 +145,7 @@ def _ep_device(ep: Any, builtin: set[str]) -> BackendDevice | None:
         why = "a plugin EP: edge's ORT runner opens the CPU, CUDA and DirectML providers only"
         return BackendDevice(provider, kind, full, props | {"plugin": True}, runnable=False, why_not=why)
     if provider in ORT_RUNNER_PROVIDERS:
-        return BackendDevice(provider, kind, full, props)
+        return BackendDevice(provider, kind, full, props, memory_bytes=_ort_own_memory(dict(hw.metadata)))
     why = ORT_LISTED_PROVIDERS.get(provider, (kind, "not wired in edge's ORT runner"))[1]
     return BackendDevice(provider, kind, full, props, runnable=False, why_not=why)
 

@@ -296,9 +296,11 @@ class OrtHardwareDeviceType(enum.Enum):
 
 
 class FakeHardwareDevice:
-    def __init__(self, kind: OrtHardwareDeviceType, vendor: str, device_id: int) -> None:
+    def __init__(
+        self, kind: OrtHardwareDeviceType, vendor: str, device_id: int, metadata: dict[str, str] | None = None
+    ) -> None:
         self.type, self.vendor, self.vendor_id, self.device_id = kind, vendor, 0, device_id
-        self.metadata: dict[str, str] = {}
+        self.metadata: dict[str, str] = metadata or {}
 
 
 class FakeEpDevice:
@@ -354,7 +356,16 @@ CPU_HW = FakeHardwareDevice(OrtHardwareDeviceType.CPU, "Intel", 0)
 EP_DEVICES = [
     FakeEpDevice("CPUExecutionProvider", "Microsoft", CPU_HW),
     FakeEpDevice(
-        "CUDAExecutionProvider", "Microsoft", FakeHardwareDevice(OrtHardwareDeviceType.GPU, "NVIDIA", 0x2860)
+        "CUDAExecutionProvider",
+        "Microsoft",
+        FakeHardwareDevice(
+            OrtHardwareDeviceType.GPU, "NVIDIA", 0x2860, {"DxgiVideoMemory": "8188 MB", "Discrete": "1"}
+        ),
+    ),
+    FakeEpDevice(
+        "DmlExecutionProvider",
+        "Microsoft",
+        FakeHardwareDevice(OrtHardwareDeviceType.GPU, "Intel", 0x7D55, {"DxgiVideoMemory": "128 MB"}),
     ),
     FakeEpDevice(
         "QNNExecutionProvider", "Microsoft", FakeHardwareDevice(OrtHardwareDeviceType.NPU, "Qualcomm", 1)
@@ -383,9 +394,14 @@ def test_ort_ep_devices_are_listed_runnable_or_with_why_not(
     assert [(n, d.kind, d.runnable) for n, d in devs.items()] == [
         ("CPUExecutionProvider", "cpu", True),
         ("CUDAExecutionProvider", "gpu", True),
+        ("DmlExecutionProvider", "gpu", True),
         ("QNNExecutionProvider", "npu", False),
         ("WebGpuExecutionProvider", "gpu", False),
     ]
+    # the discrete GPU sized with its own memory as ORT reports it; the integrated one with the system's
+    assert devs["CUDAExecutionProvider"].memory_bytes == 8188 << 20
+    assert devs["DmlExecutionProvider"].memory_bytes is None
+    assert devs["CUDAExecutionProvider"].properties["metadata.Discrete"] == "1"
     assert "QDQ" in devs["QNNExecutionProvider"].why_not
     assert devs["WebGpuExecutionProvider"].properties["plugin"] is True
     assert "plugin EP" in devs["WebGpuExecutionProvider"].why_not
