@@ -545,10 +545,10 @@ def _open_gpu(
             try:
                 decoder = open_decoder(where.backend, model, where.device, _decoder_options(opts))
             except Exception as exc:  # a driver or GPU compiler that refuses: the next backend, said below
-                failed.append((where.backend, f"opening failed: {type(exc).__name__}: {exc}"))
+                failed.append((where.backend, f"{where.device} failed to open: {type(exc).__name__}: {exc}"))
                 continue
-            refused = [f"{b}:{where.device} {why}" for b, why in failed[len(tried) :]]
-            said = "; ".join(n for n in (where.note, *refused) if n) or None
+            refused = [f"{b}:{why}" for b, why in failed[len(tried) :]]
+            said = "; ".join(n for n in (*refused, where.note) if n) or None
             return decoder, replace(where, note=said)
         raise _no_gpu(t, failed)
 

@@ -261,9 +261,11 @@ def test_the_gpu_tried_next_opens_when_the_first_refuses(
     _discovering(monkeypatch, _inventory(LLAMA_CPU, ov, ORT_CUDA))
     opened: list[tuple[str, str]] = []
 
+    refusing = {"openvino"}
+
     def open_decoder(backend: str, model: object, device: str, options: object) -> object:
         opened.append((backend, device))
-        if backend == "openvino":
+        if backend in refusing:
             raise RuntimeError("GPU plugin: clCreateContext failed")
         return object()
 
@@ -271,7 +273,16 @@ def test_the_gpu_tried_next_opens_when_the_first_refuses(
     opening = resolve_request(model_file, DeviceRequest(device="gpu"), PlannedOptions(n_ctx=256))
     _, where = opening.open()
     assert opened == [("openvino", "gpu"), ("ort", "gpu")]
-    assert where.backend == "ort" and "openvino:gpu opening failed: RuntimeError" in (where.note or "")
+    assert where.backend == "ort" and (where.note or "").startswith(
+        "openvino:gpu failed to open: RuntimeError: GPU plugin: clCreateContext failed"
+    )
+    # every one refuses: the error lists each backend tried, in order, and why
+    refusing.add("ort")
+    with pytest.raises(NoUsableDeviceError) as err:
+        resolve_request(model_file, DeviceRequest(device="gpu"), PlannedOptions(n_ctx=256)).open()
+    assert [b for b, _ in err.value.attempts] == ["llamacpp", "openvino", "ort"]
+    assert "no gpu is usable by llamacpp" in err.value.attempts[0][1]
+    assert all("failed to open: RuntimeError" in why for _, why in err.value.attempts[1:])
 
 
 def test_a_real_npu_takes_the_static_plan(
