@@ -479,3 +479,29 @@ def test_the_runtime_answers_here_have_the_shapes_injected() -> None:
     ov = pytest.importorskip("openvino")
     assert "CPU" in ov.Core().available_devices
     assert str(ov.Core().get_property("CPU", "DEVICE_TYPE")).startswith("Type.")
+
+
+def test_edge_devices_lists_each_device_as_the_runtime_names_it(
+    core: FakeCore,
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_plugins: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from edge.cli import main
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", _ort_module(["CPUExecutionProvider"], EP_DEVICES))
+    inv = _inventory(LLAMA_CPU, probe_openvino(), probe_ort())
+    monkeypatch.setattr(discovery, "discover", lambda backends=None: inv)
+    assert main(["devices", "--json"]) == 0
+    backends = {b["name"]: b for b in json.loads(capsys.readouterr().out)["backends"]}
+    gpu1 = next(d for d in backends["openvino"]["devices"] if d["name"] == "GPU.1")
+    assert (gpu1["index"], gpu1["memory_bytes"], gpu1["runnable"]) == (1, 8 * GIB, True)
+    qnn = next(d for d in backends["ort"]["devices"] if d["name"] == "QNNExecutionProvider")
+    assert not qnn["runnable"] and "QDQ" in qnn["why_not"]
+    monkeypatch.setenv("COLUMNS", "600")  # one row a backend: the table wraps long cells otherwise
+    assert main(["devices"]) == 0
+    text = capsys.readouterr().out
+    assert "GPU.1 (gpu, 8192 MB of its own)" in text
+    assert "not run:" in text
