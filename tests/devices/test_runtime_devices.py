@@ -505,3 +505,22 @@ def test_edge_devices_lists_each_device_as_the_runtime_names_it(
     text = capsys.readouterr().out
     assert "GPU.1 (gpu, 8192 MB of its own)" in text
     assert "not run:" in text
+
+
+def test_the_speed_probe_runs_only_where_the_device_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    import edge.devices.probe as probe
+
+    timed: list[tuple[str, str]] = []
+
+    def measure(backend: str, device: str) -> float:
+        timed.append((backend, device))
+        return 20.0
+
+    monkeypatch.setattr(probe, "measure_bandwidth", measure)
+    llama = BackendStatus("llamacpp", True, "0", (BackendDevice("cpu", "cpu"), BackendDevice("gpu", "gpu")))
+    profiles = probe.device_profiles(_inventory(llama, ORT_CUDA), refresh=True)
+    # llama.cpp's GPU offload is not timed with numpy on the CPU; ORT's QNN (not run by edge) is not offered
+    assert timed == [("llamacpp", "cpu"), ("ort", "CPUExecutionProvider"), ("ort", "CUDAExecutionProvider")]
+    gpu = next(p for p in profiles if (p.backend, p.kind) == ("llamacpp", "gpu"))
+    assert (gpu.measured, gpu.bandwidth_gbs) == (False, 0.0)
+    assert not any(p.kind == "npu" for p in profiles)
