@@ -291,6 +291,12 @@ def openvino_target(core: Any, device: str) -> str:
     """The exact name OpenVINO lists for edge's `device`: gpu.1 -> GPU.1; gpu -> its one GPU (GPU or GPU.0), or
     where it lists several, the one devices/runtime_devices.choose_device picks (never the bare GPU alias)."""
     name = DeviceName.parse(device)
+    listed = [str(n) for n in core.available_devices]
+    of_kind = [n for n in listed if n.partition(".")[0].lower() == name.kind] if name.index is None else []
+    if str(name).upper() in listed or len(of_kind) == 1:
+        # NOTE: by name where that is unambiguous: asking a device's properties loads its plugin (a GPU's takes
+        # a while), which a CPU runner on a machine with a GPU must not pay
+        return str(name).upper() if str(name).upper() in listed else of_kind[0]
     found = openvino_devices(core)
     dev = choose_device(found, name)
     if dev is None:
