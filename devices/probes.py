@@ -86,6 +86,7 @@ ORT_LISTED_PROVIDERS: dict[str, tuple[str, str]] = {
 # Plugin execution-provider libraries (ORT >= 1.22) to register before discovery: NAME=PATH entries separated
 # by os.pathsep, e.g. "webgpu=/opt/ort/libonnxruntime_providers_webgpu.so"
 ORT_EP_LIBRARIES_ENV = "EDGE_ORT_EP_LIBRARIES"
+ORT_EP_DEVICES_SINCE = (1, 22)  # get_ep_devices and register_execution_provider_library
 _REGISTERED: dict[str, str] = {}  # registration name -> library path, once per process (ORT refuses twice)
 
 
@@ -111,7 +112,7 @@ def _register_plugins(ort: Any) -> list[str]:
     for name, path in _ort_libraries():
         if _REGISTERED.get(name) == path:
             continue
-        if not hasattr(ort, "register_execution_provider_library"):  # NOTE: ORT < 1.22 has no plugin EPs
+        if not _has_ep_devices(ort):
             failed.append(f"{name}: onnxruntime {ort.__version__} has no plugin EPs (1.22 or later has)")
             continue
         try:
@@ -121,6 +122,12 @@ def _register_plugins(ort: Any) -> list[str]:
             continue
         _REGISTERED[name] = path
     return failed
+
+
+def _has_ep_devices(ort: Any) -> bool:
+    """Whether this ORT reports EP devices and takes plugin EP libraries (by its version, as ORT declares)."""
+    numbers = [int(part) for part in ort.__version__.split(".")[:2] if part.isdigit()]
+    return tuple(numbers) >= ORT_EP_DEVICES_SINCE
 
 
 def _ort_own_memory(metadata: dict[str, Any]) -> int | None:
@@ -153,7 +160,7 @@ def _ep_device(ep: Any, builtin: set[str]) -> BackendDevice | None:
 def ort_devices(ort: Any) -> tuple[BackendDevice, ...]:
     """ORT's execution providers as it reports them: its EP devices (`get_ep_devices`, ORT >= 1.22: built-in and
     plugin providers, each on the hardware it found), else its available providers by name."""
-    if hasattr(ort, "get_ep_devices"):
+    if _has_ep_devices(ort):
         builtin = set(ort.get_all_providers())
         devices = (_ep_device(ep, builtin) for ep in ort.get_ep_devices())
         return tuple(d for d in devices if d is not None)

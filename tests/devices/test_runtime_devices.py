@@ -446,14 +446,16 @@ def test_a_plugin_library_that_fails_to_register_is_said(
         probe_ort()
 
 
-def test_older_ort_lists_its_providers_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_older_ort_lists_its_providers_by_name(monkeypatch: pytest.MonkeyPatch, fresh_plugins: None) -> None:
     ort = _ort_module(["CoreMLExecutionProvider", "AzureExecutionProvider", "CPUExecutionProvider"], None)
     monkeypatch.setitem(sys.modules, "onnxruntime", ort)
-    devs = probe_ort().devices
-    assert [(d.name, d.runnable) for d in devs] == [
+    monkeypatch.setenv(ORT_EP_LIBRARIES_ENV, "webgpu=/opt/ort/libonnxruntime_providers_webgpu.so")
+    status = probe_ort()
+    assert [(d.name, d.runnable) for d in status.devices] == [
         ("CoreMLExecutionProvider", False),
         ("CPUExecutionProvider", True),
     ]
+    assert "webgpu: onnxruntime 1.20.1 has no plugin EPs (1.22 or later has)" in status.note
 
 
 def test_the_ort_runner_opens_cuda_for_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
