@@ -41,6 +41,7 @@ from edge.errors import (
     DeviceError,
     InsufficientMemoryError,
     ModelFormatError,
+    NoUsableDeviceError,
     PlanError,
 )
 from edge.models.arch import ArchConfig
@@ -183,7 +184,7 @@ def open_planned_decoder(
             )
     path = plan_artifact(gguf_path, plan, opts, log)
     # an emulated NPU is OpenVINO's CPU device running the NPU-shaped (static) graphs
-    where = [(p.device.backend, "cpu" if p.device.emulated else p.device.kind) for p in plan.partitions]
+    where = [(p.device.backend, "cpu" if p.device.emulated else p.device.device) for p in plan.partitions]
     popts = PartitionedOptions(capacity=opts.n_ctx, threads=opts.threads, precision=opts.precision)
     return open_artifact_decoder(path, where, options=popts)
 
@@ -227,21 +228,34 @@ class Opening:
 
 
 def _check_fits(
-    backend: str, model: CheckedModel, n_ctx: int, options: PlannedOptions, device: str = "cpu"
+    backend: str,
+    model: CheckedModel,
+    n_ctx: int,
+    options: PlannedOptions,
+    device: str = "cpu",
+    own_memory: int | None = None,
 ) -> None:
-    """The backend sizes the model before anything is allocated (InsufficientMemoryError when it cannot fit)."""
+    """The backend sizes the model before anything is allocated (InsufficientMemoryError when it cannot fit).
+    `own_memory`: the device's own (a discrete GPU's), where the system's free memory does not size it."""
     need = estimate_memory(backend, model, n_ctx, _decoder_options(options), device)
+    available = options.available_memory if options.available_memory is not None else own_memory
     if need is not None:
-        check_fits(need, model.path.name, backend, n_ctx, options.available_memory)
+        where = backend if own_memory is None else f"{backend}:{device}"
+        check_fits(need, model.path.name, where, n_ctx, available)
 
 
 def _fit_kv(
-    backend: str, model: CheckedModel, n_ctx: int, options: PlannedOptions, device: str
+    backend: str,
+    model: CheckedModel,
+    n_ctx: int,
+    options: PlannedOptions,
+    device: str,
+    own_memory: int | None = None,
 ) -> tuple[PlannedOptions, str | None]:
     """`_check_fits`, except where --kv-dtype auto's f32 ring does not fit and an f16 one does (at precision
     fast): the options with f16 then, and the note that says so. The user asked for a context, not a type."""
     try:
-        _check_fits(backend, model, n_ctx, options, device)
+        _check_fits(backend, model, n_ctx, options, device, own_memory)
         return options, None
     except InsufficientMemoryError as exc:
         auto_f32 = (
@@ -251,7 +265,7 @@ def _fit_kv(
             raise
         half = replace(options, kv_dtype="f16")
         try:
-            _check_fits(backend, model, n_ctx, half, device)
+            _check_fits(backend, model, n_ctx, half, device, own_memory)
         except InsufficientMemoryError:
             raise exc from None
         need, free = exc.needed >> 20, exc.available >> 20
@@ -292,6 +306,14 @@ def resolve_request(
         raise DeviceError("--emulate applies to --device npu only", hint="use --device npu --emulate")
     dopts = _decoder_options(options)
     asked = None if request.backend in (None, AUTO) else request.backend  # auto: edge chooses
+    npu = mode == "single" and targets[0].kind == "npu" and not request.emulate
+    if npu and model.artifact is None and _has_npu(asked or targets[0].backend):
+        # an NPU compiles static shapes only: the NPU-shaped plan, as --emulate runs it on the CPU (its speed
+        # is not measured for one device: the NPU's probe graph is no plan's, and nothing is ranked)
+        target = replace(targets[0], backend=asked or targets[0].backend)
+        return _open_plan(
+            model, request, options, mode, [target], _profiles(False, measure=False), dopts, log
+        )
     if mode == "single" and not request.emulate:
         return _open_single(model, request, options, targets[0], asked, dopts)
 
@@ -387,13 +409,24 @@ def _open_phases(
     return Opening(where, None, open_split)
 
 
-def _profiles(emulate: bool) -> list[DeviceProfile]:
+def _has_npu(backend: str | None) -> bool:
+    """Whether a graph backend (`backend`, or any) reports a runnable NPU here."""
+    from edge.devices.discovery import discover
+
+    names = (backend,) if backend else tuple(b for b in PREFERRED_BACKENDS["npu"] if BACKENDS[b].runner)
+    if any(BACKENDS.get(b) is None or BACKENDS[b].runner is None for b in names):
+        return False  # a backend without graph partitions: _open_single says so
+    inv = discover(names)
+    return any(d.kind == "npu" and d.runnable for b in inv.backends if b.available for d in b.devices)
+
+
+def _profiles(emulate: bool, measure: bool = True) -> list[DeviceProfile]:
     """The devices the planner places partitions on; with `emulate`, the emulated NPU only, even where a real
-    one exists."""
+    one exists. `measure=False`: cached speeds only (one device needs no ranking)."""
     from edge.devices.discovery import discover
     from edge.devices.probe import device_profiles
 
-    profiles = device_profiles(discover(), emulate_npu=emulate)
+    profiles = device_profiles(discover(), measure=measure, emulate_npu=emulate)
     return [p for p in profiles if p.kind != "npu" or p.emulated] if emulate else profiles
 
 
@@ -436,6 +469,11 @@ def _open_single(
         if isinstance(opening, Opening):
             return opening
         choice = opening  # the split does not fit: the single backend it beat
+    if backend is None and not artifact and t.kind == "gpu":
+        gpu = _open_gpu(model, options, t, allow_fallback=request.fallback is not None)
+        if gpu is not None:
+            return gpu
+        # no backend has a GPU and a fallback is allowed: on to the CPU below, said as a fallback
     if backend is None:
         if model.artifact is not None:
             backend = model.artifact.target
@@ -445,10 +483,10 @@ def _open_single(
     named = asked is not None or t.backend is not None  # errors name only a chosen backend
     try:
         placement = place(
-            discover((backend,)), backend=backend, device=t.kind, fallback=allow, backend_named=named
+            discover((backend,)), backend=backend, device=t.device, fallback=allow, backend_named=named
         )
     except DeviceError:  # say it again with every backend's devices listed, not only this one's
-        placement = place(discover(), backend=backend, device=t.kind, fallback=allow, backend_named=named)
+        placement = place(discover(), backend=backend, device=t.device, fallback=allow, backend_named=named)
     if auto and placement.device == "cpu":  # asked for the CPU, or fallen back to it
         choice = choice or _auto_choice(path, options)
         if choice.plan is not None:
@@ -457,12 +495,73 @@ def _open_single(
                 return opening
             choice = opening
         placement = Placement(choice.backend, "cpu", placement.fallback, auto=choice)
-    options, note = _fit_kv(placement.backend, model, options.n_ctx, options, placement.device)
+    options, note = _fit_kv(
+        placement.backend, model, options.n_ctx, options, placement.device, placement.memory_bytes
+    )
     single = replace(placement, note=note, kv_dtype=options.kv_dtype)
     dopts = _decoder_options(options)
     if single.auto is not None:
         return Opening(single, None, lambda: _open_auto(model, single, dopts))
     return Opening(single, None, lambda: (open_decoder(single.backend, model, single.device, dopts), single))
+
+
+def _open_gpu(
+    model: CheckedModel, options: PlannedOptions, t: Target, *, allow_fallback: bool
+) -> Opening | None:
+    """`--device gpu[.N]` with no backend named: each backend that reports such a GPU, in PREFERRED_BACKENDS
+    order, sized with the GPU's memory; the first that holds the model opens, and where its runtime refuses to
+    compile there, the next. NoUsableDeviceError names each backend and why not; None where none reports the GPU
+    and a fallback is allowed (the caller falls back to the CPU)."""
+    from edge.devices.discovery import discover
+    from edge.devices.placement import place
+    from edge.devices.registry import open_decoder
+
+    inv = discover()
+    tried: list[tuple[str, str]] = []
+    candidates: list[Placement] = []
+    too_big = False  # a GPU was found and the model does not fit it: no fallback hides that
+    for backend in PREFERRED_BACKENDS["gpu"]:
+        try:
+            where = place(inv, backend=backend, device=t.device)
+        except DeviceError as exc:  # unavailable, or it reports no such GPU
+            tried.append((backend, exc.message))
+            continue
+        try:
+            opts, note = _fit_kv(backend, model, options.n_ctx, options, where.device, where.memory_bytes)
+        except InsufficientMemoryError as exc:
+            tried.append((backend, exc.message))
+            too_big = True
+            continue
+        candidates.append(replace(where, note=note, kv_dtype=opts.kv_dtype))
+    if not candidates:
+        if allow_fallback and not too_big:
+            return None
+        raise _no_gpu(t, tried)
+
+    def open_first() -> tuple[Decoder, Placement]:
+        failed = list(tried)
+        for where in candidates:
+            opts = replace(options, kv_dtype=where.kv_dtype or options.kv_dtype)
+            try:
+                decoder = open_decoder(where.backend, model, where.device, _decoder_options(opts))
+            except Exception as exc:  # a driver or GPU compiler that refuses: the next backend, said below
+                failed.append((where.backend, f"{where.device} failed to open: {type(exc).__name__}: {exc}"))
+                continue
+            refused = [f"{b}:{why}" for b, why in failed[len(tried) :]]
+            said = "; ".join(n for n in (*refused, where.note) if n) or None
+            return decoder, replace(where, note=said)
+        raise _no_gpu(t, failed)
+
+    return Opening(candidates[0], None, open_first)
+
+
+def _no_gpu(t: Target, tried: list[tuple[str, str]]) -> NoUsableDeviceError:
+    listed = "; ".join(f"{backend}: {why}" for backend, why in tried)
+    return NoUsableDeviceError(
+        f"no backend runs {t.device} here (tried {listed})",
+        attempts=tuple(tried),
+        hint="use --device cpu, add --fallback cpu, or see `edge devices` for each backend's devices",
+    )
 
 
 def _open_auto_split(
@@ -501,10 +600,17 @@ def _open_artifact_partitions(
         )
     where = []
     for t in targets:
-        dev = next((p for p in profiles if p.kind == t.kind and p.backend == (t.backend or art.target)), None)
+        dev = next(
+            (
+                p
+                for p in profiles
+                if p.kind == t.kind and t.index in (None, p.index) and p.backend == (t.backend or art.target)
+            ),
+            None,
+        )
         if dev is None or BACKENDS[dev.backend].runner is None:
             raise DeviceError(f"no graph backend runs {t} here", hint="use openvino:cpu or ort:cpu")
-        where.append((dev.backend, dev.kind))
+        where.append((dev.backend, dev.device))
     check_f32_kv(options.kv_dtype, f"{path.name} (an edge convert artifact)")
     popts = PartitionedOptions(capacity=options.n_ctx, threads=options.threads, precision=options.precision)
     backends = "+".join(dict.fromkeys(b for b, _ in where))
@@ -529,7 +635,8 @@ def _open_plan(
 
     gguf = model.gguf
     cfg = ArchConfig.from_gguf(gguf.metadata, set(gguf.tensors))
-    ctx = min(options.n_ctx, options.static_capacity) if request.emulate else options.n_ctx
+    npu = request.emulate or (mode == "single" and targets[0].kind == "npu")  # static graphs: a fixed KV
+    ctx = min(options.n_ctx, options.static_capacity) if npu else options.n_ctx
     profile = model_profile(
         {n: t.nbytes for n, t in gguf.tensors.items()}, cfg.n_layer, _kv_per_token(cfg), ctx
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from edge.devices.runtime_devices import DeviceName
 from edge.errors import DeviceError
 
 __all__ = [
@@ -33,8 +34,8 @@ __all__ = [
     "plan",
 ]
 
-DEVICE_KINDS = ("cpu", "gpu", "npu")
-# With no backend named, a device kind runs on the first of these that has it.
+# With no backend named, a device kind runs on the first of these that has it (`--device gpu` on a whole model:
+# each of them that reports a GPU, in this order, until one opens: devices/planned._open_gpu).
 PREFERRED_BACKENDS: Mapping[str, tuple[str, ...]] = {
     "cpu": ("llamacpp", "openvino", "ort"),
     "gpu": ("openvino", "llamacpp", "ort"),
@@ -45,13 +46,19 @@ _MB = 1 << 20
 
 @dataclass(frozen=True)
 class Target:
-    """One item of `--device`: a device kind, optionally on a named backend (`openvino:npu`)."""
+    """One item of `--device`: a device kind, optionally numbered as the runtime numbers it (`gpu.1`: OpenVINO's
+    GPU.1), optionally on a named backend (`openvino:npu`)."""
 
     kind: str
     backend: str | None = None
+    index: int | None = None
+
+    @property
+    def device(self) -> str:
+        return str(DeviceName(self.kind, self.index))
 
     def __str__(self) -> str:
-        return f"{self.backend}:{self.kind}" if self.backend else self.kind
+        return f"{self.backend}:{self.device}" if self.backend else self.device
 
 
 @dataclass(frozen=True)
@@ -66,10 +73,16 @@ class DeviceProfile:
     dynamic_shapes: bool = True  # NPUs compile fixed shapes only
     measured: bool = False
     emulated: bool = False  # an NPU-shaped graph compiled on the CPU (labelled as emulation everywhere)
+    index: int | None = None  # the runtime's number among devices of its kind (OpenVINO's GPU.1 -> 1)
+
+    @property
+    def device(self) -> str:
+        """edge's name of it: `gpu.1`, or the kind where the runtime does not number it."""
+        return str(DeviceName(self.kind, self.index))
 
     @property
     def label(self) -> str:
-        return f"{self.backend}:{self.kind}" + (" (NPU emulated on the CPU)" if self.emulated else "")
+        return f"{self.backend}:{self.device}" + (" (NPU emulated on the CPU)" if self.emulated else "")
 
 
 @dataclass(frozen=True)
@@ -103,10 +116,15 @@ class PlannedPartition:
 
     def describe(self) -> str:
         span = f"layers {self.layers.start}-{self.layers.stop - 1}" + (" + head" if self.head else "")
+        speed = (
+            f"~{self.est_ms_per_token:.1f} ms/token at {self.device.bandwidth_gbs:.1f} GB/s"
+            f"{' measured' if self.device.measured else ' (described)'}"
+            if self.device.bandwidth_gbs > 0
+            else "speed not measured"
+        )
         return (
             f"{span} on {self.device.label}: weights {self.weight_bytes / _MB:.0f} MB, KV {self.kv_bytes / _MB:.0f} MB"
-            f"{', static shapes' if self.static else ''}, ~{self.est_ms_per_token:.1f} ms/token "
-            f"at {self.device.bandwidth_gbs:.1f} GB/s{' measured' if self.device.measured else ' (described)'}"
+            f"{', static shapes' if self.static else ''}, {speed}"
         )
 
 
@@ -147,13 +165,17 @@ def parse_device(spec: str) -> tuple[str, list[Target]]:
         )
     targets = []
     for item in items:
-        backend, _, kind = item.rpartition(":")
-        if kind not in DEVICE_KINDS or (mode == "single" and len(items) != 1):
+        backend, _, device = item.rpartition(":")
+        if mode == "single" and len(items) != 1:
             raise DeviceError(
                 f"unknown device {item!r} in --device {spec!r}",
                 hint="use cpu, gpu, npu, auto, or hetero:[backend:]device,... (e.g. hetero:openvino:cpu,ort:cpu)",
             )
-        targets.append(Target(kind, backend or None))
+        try:
+            name = DeviceName.parse(device)
+        except DeviceError as exc:
+            raise DeviceError(f"unknown device {item!r} in --device {spec!r}", hint=exc.hint) from None
+        targets.append(Target(name.kind, backend or None, name.index))
     if not targets:
         raise DeviceError("--device is empty", hint="use cpu, gpu, npu, auto or hetero:A,B")
     return mode, targets
@@ -185,14 +207,16 @@ def _fits(model: ModelProfile, layers: range, head: bool, dev: DeviceProfile) ->
 
 def _partition(model: ModelProfile, layers: range, head: bool, dev: DeviceProfile) -> PlannedPartition:
     w = model.weights(layers, head)
-    return PlannedPartition(layers, head, dev, w, model.kv(layers), w / (dev.bandwidth_gbs * 1e9) * 1e3)
+    # an unmeasured device (one NPU alone needs no ranking: devices/planned.py) has no estimate
+    ms = w / (dev.bandwidth_gbs * 1e9) * 1e3 if dev.bandwidth_gbs > 0 else 0.0
+    return PlannedPartition(layers, head, dev, w, model.kv(layers), ms)
 
 
 def _resolve(target: Target, devices: Sequence[DeviceProfile]) -> DeviceProfile | None:
     order = (target.backend,) if target.backend else PREFERRED_BACKENDS[target.kind]
     for backend in order:
         for dev in devices:
-            if dev.backend == backend and dev.kind == target.kind:
+            if dev.backend == backend and dev.kind == target.kind and target.index in (None, dev.index):
                 return dev
     return None
 

@@ -63,7 +63,8 @@ def kv_dtype_for(requested: str, backend: str, device: str, precision: str) -> s
     if check_kv_dtype(requested) == "auto":
         if backend == "llamacpp":  # one precision, whatever --precision says
             return "f16"
-        return "f16" if (backend, device) in _F16_GRAPHS and precision == "fast" else "f32"
+        kind = device.partition(".")[0]  # gpu.1: a numbered GPU is a GPU
+        return "f16" if (backend, kind) in _F16_GRAPHS and precision == "fast" else "f32"
     if requested == "f16" and precision == "exact" and backend != "llamacpp":
         raise ValueError(
             "--precision exact keeps the KV cache in f32 (f16 rounds every key and value); "

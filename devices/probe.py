@@ -3,7 +3,8 @@
 Decode reads every weight once per token, so what ranks devices for it is how fast each streams weights
 through a matrix-vector product: one fp32 MatMul [1, K] x [K, N] (64 MiB of weights, more than the caches
 hold), compiled by the backend itself on the device, timed over repeated runs (the best). llama.cpp has no graph
-API to time a single op on, so its CPU figure is numpy's matvec on the same memory (labelled as such).
+API to time a single op on, so its CPU figure is numpy's matvec on the same memory (labelled as such), and its
+GPU offload is left unmeasured (0 GB/s, `measured=False`): numpy would time the CPU.
 
 Results are cached per (backend, device, backend version, CPU model) in `cache_dir()/devices/probe.json`;
 `edge devices --probe` measures again.
@@ -89,6 +90,12 @@ def _numpy(_device: str) -> float:
 _MEASURE: dict[str, Callable[[str], float]] = {"ort": _ort, "openvino": _openvino, "llamacpp": _numpy}
 
 
+def _measurable(backend: str, kind: str) -> bool:
+    """Whether the probe runs where the device does: numpy's matvec stands for llama.cpp's CPU only, so its GPU
+    offload is left unmeasured rather than given the CPU's figure."""
+    return backend != "llamacpp" or kind == "cpu"
+
+
 def measure_bandwidth(backend: str, device: str) -> float:
     """GB/s of weights streamed by one matvec on (backend, device name)."""
     seconds = _MEASURE[backend](device)
@@ -141,9 +148,11 @@ def device_profiles(
         if not status.available or status.name not in runnable:
             continue
         for dev in status.devices:
+            if not dev.runnable:  # listed by `edge devices` with why not; never planned on
+                continue
             key = f"{PROBE_VERSION}|{status.name}|{dev.name}|{status.version}|{inventory.cpu.model}"
             gbs = cache.get(key)
-            if gbs is None and measure:
+            if gbs is None and measure and _measurable(status.name, dev.kind):
                 try:
                     gbs = measure_bandwidth(status.name, dev.name)
                 except Exception:  # a device that cannot run the probe is not offered to the planner
@@ -158,6 +167,7 @@ def device_profiles(
                     bandwidth_gbs=gbs or 0.0,
                     dynamic_shapes=dev.kind != "npu",
                     measured=gbs is not None,
+                    index=dev.index,
                 )
             )
     if emulate_npu and not any(d.kind == "npu" for d in out):

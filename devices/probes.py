@@ -3,19 +3,24 @@ backend SDK is imported inside its own probe, so a missing one is reported, neve
 
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BackendDevice", "BackendStatus", "probe_coreml", "probe_llamacpp", "probe_openvino", "probe_ort"]
+from edge.devices.runtime_devices import ORT_RUNNER_PROVIDERS, BackendDevice, openvino_devices
 
-
-@dataclass(frozen=True)
-class BackendDevice:
-    name: str  # as the backend names it: "CPU", "GPU.0", "NPU", "cpu", "CUDAExecutionProvider"
-    kind: str  # "cpu" | "gpu" | "npu"
-    full_name: str = ""
-    properties: dict[str, Any] = field(default_factory=dict)
+__all__ = [
+    "ORT_EP_LIBRARIES_ENV",
+    "ORT_RUNNER_PROVIDERS",
+    "BackendDevice",
+    "BackendStatus",
+    "openvino_devices",
+    "probe_coreml",
+    "probe_llamacpp",
+    "probe_openvino",
+    "probe_ort",
+]
 
 
 @dataclass(frozen=True)
@@ -27,11 +32,6 @@ class BackendStatus:
     reason: str = ""  # why it is unavailable
     hint: str = ""  # how to make it available
     note: str = ""  # how it runs here when not as built (llama.cpp: the configuration its check chose)
-
-
-def _kind(name: str) -> str:
-    upper = name.upper()
-    return "npu" if "NPU" in upper else "gpu" if "GPU" in upper else "cpu"
 
 
 def probe_llamacpp() -> BackendStatus:
@@ -66,22 +66,112 @@ def probe_openvino() -> BackendStatus:
         return BackendStatus(
             "openvino", False, reason=f"openvino does not import: {exc}", hint="pip install openvino"
         )
-    core = ov.Core()
-    devices = []
-    for name in core.available_devices:
-        props: dict[str, Any] = {}
-        for prop in ("OPTIMIZATION_CAPABILITIES", "DEVICE_TYPE", "GPU_DEVICE_TOTAL_MEM_SIZE"):
-            try:
-                value = core.get_property(name, prop)
-                props[prop] = [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
-            except Exception:  # not every device exposes every property
-                continue
+    return BackendStatus("openvino", True, ov.get_version(), openvino_devices(ov.Core()))
+
+
+# Local providers ORT may report that the runner does not open: their kind and why not. Others (e.g. Azure: a
+# remote endpoint) are not devices and are not listed.
+ORT_LISTED_PROVIDERS: dict[str, tuple[str, str]] = {
+    "TensorrtExecutionProvider": (
+        "gpu",
+        "TensorRT builds an engine per input shape; CUDA runs edge's graphs",
+    ),
+    "ROCMExecutionProvider": ("gpu", "not wired in edge's ORT runner"),
+    "MIGraphXExecutionProvider": ("gpu", "not wired in edge's ORT runner"),
+    "CoreMLExecutionProvider": ("gpu", "Core ML runs through --backend coreml's own export"),
+    "OpenVINOExecutionProvider": ("cpu", "OpenVINO runs edge's graphs directly: use --backend openvino"),
+    "QNNExecutionProvider": ("npu", "QNN takes QDQ int8 graphs; edge's graphs are MatMulNBits"),
+    "VitisAIExecutionProvider": ("npu", "Vitis AI takes QDQ int8 graphs; edge's graphs are MatMulNBits"),
+}
+# Plugin execution-provider libraries (ORT >= 1.22) to register before discovery: NAME=PATH entries separated
+# by os.pathsep, e.g. "webgpu=/opt/ort/libonnxruntime_providers_webgpu.so"
+ORT_EP_LIBRARIES_ENV = "EDGE_ORT_EP_LIBRARIES"
+ORT_EP_DEVICES_SINCE = (1, 22)  # get_ep_devices and register_execution_provider_library
+_REGISTERED: dict[str, str] = {}  # registration name -> library path, once per process (ORT refuses twice)
+
+
+def _ort_libraries() -> list[tuple[str, str]]:
+    """The plugin libraries EDGE_ORT_EP_LIBRARIES names; a malformed entry is an error saying the form."""
+    from edge.errors import DeviceError
+
+    out = []
+    for entry in filter(None, os.environ.get(ORT_EP_LIBRARIES_ENV, "").split(os.pathsep)):
+        name, eq, path = entry.partition("=")
+        if not eq or not name.strip() or not path.strip():
+            raise DeviceError(
+                f"{ORT_EP_LIBRARIES_ENV} entry {entry!r} is not NAME=PATH",
+                hint=f"e.g. {ORT_EP_LIBRARIES_ENV}=webgpu=/path/to/libonnxruntime_providers_webgpu.so",
+            )
+        out.append((name.strip(), path.strip()))
+    return out
+
+
+def _register_plugins(ort: Any) -> list[str]:
+    """Register the plugin EP libraries named in EDGE_ORT_EP_LIBRARIES; what failed, said per library."""
+    failed = []
+    for name, path in _ort_libraries():
+        if _REGISTERED.get(name) == path:
+            continue
+        if not _has_ep_devices(ort):
+            failed.append(f"{name}: onnxruntime {ort.__version__} has no plugin EPs (1.22 or later has)")
+            continue
         try:
-            full = str(core.get_property(name, "FULL_DEVICE_NAME"))
-        except Exception:
-            full = name
-        devices.append(BackendDevice(name, _kind(name), full, props))
-    return BackendStatus("openvino", True, ov.get_version(), tuple(devices))
+            ort.register_execution_provider_library(name, path)
+        except Exception as exc:
+            failed.append(f"{name} ({path}): {exc}")
+            continue
+        _REGISTERED[name] = path
+    return failed
+
+
+def _has_ep_devices(ort: Any) -> bool:
+    """Whether this ORT reports EP devices and takes plugin EP libraries (by its version, as ORT declares)."""
+    numbers = [int(part) for part in ort.__version__.split(".")[:2] if part.isdigit()]
+    return tuple(numbers) >= ORT_EP_DEVICES_SINCE
+
+
+def _ort_own_memory(metadata: dict[str, Any]) -> int | None:
+    """A discrete GPU's own memory as ORT's device discovery reports it (Windows: DXGI's dedicated video memory,
+    "DxgiVideoMemory": "8192 MB", with "Discrete": "1"); None where it is not reported or the GPU is integrated
+    (its dedicated memory is a small carve-out: it runs in the system's)."""
+    size = str(metadata.get("DxgiVideoMemory", "")).removesuffix(" MB")
+    return int(size) << 20 if str(metadata.get("Discrete", "")) == "1" and size.isdigit() else None
+
+
+def _ep_device(ep: Any, builtin: set[str]) -> BackendDevice | None:
+    """One of ORT's `OrtEpDevice`s (an execution provider on one hardware device) as edge lists it."""
+    provider = str(ep.ep_name)
+    hw = ep.device
+    kind = str(getattr(hw.type, "name", hw.type)).rsplit(".", 1)[-1].lower()  # OrtHardwareDeviceType.GPU
+    if kind not in ("cpu", "gpu", "npu"):
+        return None
+    full = f"{ep.ep_vendor} {provider} on {hw.vendor} {kind.upper()} (device id {hw.device_id})"
+    props = {"ep_vendor": str(ep.ep_vendor), "vendor": str(hw.vendor), "device_id": int(hw.device_id)}
+    props |= {f"metadata.{k}": str(v) for k, v in dict(hw.metadata).items()}
+    if provider not in builtin:  # not one of this ORT build's own providers: a plugin library brought it
+        why = "a plugin EP: edge's ORT runner opens the CPU, CUDA and DirectML providers only"
+        return BackendDevice(provider, kind, full, props | {"plugin": True}, runnable=False, why_not=why)
+    if provider in ORT_RUNNER_PROVIDERS:
+        return BackendDevice(provider, kind, full, props, memory_bytes=_ort_own_memory(dict(hw.metadata)))
+    why = ORT_LISTED_PROVIDERS.get(provider, (kind, "not wired in edge's ORT runner"))[1]
+    return BackendDevice(provider, kind, full, props, runnable=False, why_not=why)
+
+
+def ort_devices(ort: Any) -> tuple[BackendDevice, ...]:
+    """ORT's execution providers as it reports them: its EP devices (`get_ep_devices`, ORT >= 1.22: built-in and
+    plugin providers, each on the hardware it found), else its available providers by name."""
+    if _has_ep_devices(ort):
+        builtin = set(ort.get_all_providers())
+        devices = (_ep_device(ep, builtin) for ep in ort.get_ep_devices())
+        return tuple(d for d in devices if d is not None)
+    out = []
+    for p in ort.get_available_providers():
+        if p in ORT_RUNNER_PROVIDERS:
+            out.append(BackendDevice(p, ORT_RUNNER_PROVIDERS[p], p))
+        elif p in ORT_LISTED_PROVIDERS:
+            kind, why = ORT_LISTED_PROVIDERS[p]
+            out.append(BackendDevice(p, kind, p, runnable=False, why_not=why))
+    return tuple(out)
 
 
 def probe_ort() -> BackendStatus:
@@ -91,21 +181,9 @@ def probe_ort() -> BackendStatus:
         return BackendStatus(
             "ort", False, reason=f"onnxruntime does not import: {exc}", hint="pip install onnxruntime"
         )
-    # Execution providers that are local devices; others (e.g. Azure: a remote endpoint) are not listed.
-    kinds = {
-        "CPUExecutionProvider": "cpu",
-        "CUDAExecutionProvider": "gpu",
-        "TensorrtExecutionProvider": "gpu",
-        "ROCMExecutionProvider": "gpu",
-        "MIGraphXExecutionProvider": "gpu",
-        "DmlExecutionProvider": "gpu",
-        "CoreMLExecutionProvider": "gpu",
-        "OpenVINOExecutionProvider": "cpu",
-        "VitisAIExecutionProvider": "npu",
-        "QNNExecutionProvider": "npu",
-    }
-    devices = tuple(BackendDevice(p, kinds[p], p) for p in ort.get_available_providers() if p in kinds)
-    return BackendStatus("ort", True, ort.__version__, devices)
+    failed = _register_plugins(ort)
+    note = "; ".join(f"plugin EP not registered: {f}" for f in failed)
+    return BackendStatus("ort", True, ort.__version__, ort_devices(ort), note=note)
 
 
 def probe_coreml() -> BackendStatus:

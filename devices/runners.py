@@ -14,6 +14,7 @@ import numpy as np
 
 from edge.devices.mapped import drop_mapped_pages, dropping_mapped_pages, mapped_sources, release_heap
 from edge.devices.precision import BF16
+from edge.devices.runtime_devices import ORT_RUNNER_PROVIDERS, DeviceName, choose_device, openvino_devices
 from edge.errors import BackendUnavailableError, DeviceError
 from edge.models.onnx_safety import check_onnx_file
 
@@ -23,11 +24,27 @@ OV_DQ_GROUP = 32  # OpenVINO's default: one int8 scale per 32 activations
 # qwen2.5-coder-1.5b only norms and other small constants, ~8 MB, are read again later, in place, and fault
 # back in). Repacking at load instead (a warm-up forward) cost more than it saved: first-prompt-*-2026-12-01.md
 OV_REPACK_RUNS = 3
+# OpenVINO's NPU plugin on an LLM's static graphs: NPUW (the plugin's partitioning layer) with the baseline its
+# NPUW_LLM pipeline gives each of its own static sub-models (prefill, one-token generate): repeated blocks folded
+# into one compiled function, int4/int8 weights decompressed to f16 with their scales on the NPU, the norms
+# in higher precision, and one weights bank shared by the prefill and decode graphs of a model. NOTE: NPUW_LLM=YES
+# itself is not set: it reshapes a dynamic Hugging Face-named graph to static shapes, and edge's NPU graphs are
+# static already (a prefill chunk and a one-token step over a fixed KV, devices/planned.py).
+NPU_CONFIG: Mapping[str, str] = {
+    "NPU_USE_NPUW": "YES",
+    "NPUW_DEVICES": "NPU",
+    "NPUW_FOLD": "YES",
+    "NPUW_DCOFF_TYPE": "f16",
+    "NPUW_DCOFF_SCALE": "YES",
+    "NPUW_FUNCALL_ASYNC": "YES",
+    "NPUW_WEIGHTS_BANK": "shared",
+    "NPU_COMPILATION_MODE_PARAMS": "compute-layers-with-higher-precision=Sqrt,Power,ReduceMean,Add_RMSNorm",
+}
 
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    device: str = "cpu"  # edge device kind: cpu | gpu | npu
+    device: str = "cpu"  # edge's device name: cpu | gpu | npu, or numbered as the runtime numbers it (gpu.1)
     threads: int | None = None
     precision: str = "exact"  # exact: fp32 math; fast: int8 activations where the runtime has them
     cache_dir: Path | None = None  # compiled artifacts (OpenVINO blobs, ORT optimized model)
@@ -80,17 +97,7 @@ class OrtRunner:
             raise BackendUnavailableError(
                 f"onnxruntime does not import: {exc}", hint="pip install onnxruntime"
             ) from None
-        providers = {
-            "cpu": ["CPUExecutionProvider"],
-            "gpu": ["CUDAExecutionProvider", "DmlExecutionProvider"],
-        }
-        wanted = [p for p in providers.get(opts.device, []) if p in ort.get_available_providers()]
-        if not wanted:
-            have = ", ".join(ort.get_available_providers())
-            raise DeviceError(
-                f"onnxruntime has no provider for {opts.device} here (providers: {have})",
-                hint="use --device cpu",
-            )
+        wanted = ort_providers(ort, opts.device)
         check_onnx_file(model_path)  # external data inside the graph's folder, before ORT opens it
         so = ort.SessionOptions()
         so.intra_op_num_threads = _threads(opts)
@@ -188,13 +195,12 @@ class OpenVinoRunner:
                 f"openvino does not import: {exc}", hint="pip install openvino"
             ) from None
         core = ov.Core()
-        target = {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"}[opts.device]
-        if target not in core.available_devices:
-            have = ", ".join(core.available_devices)
-            raise DeviceError(
-                f"OpenVINO has no {target} device here (devices: {have})", hint="use --device cpu"
-            )
-        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+        target = openvino_target(core, opts.device)
+        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+        if target == "NPU":
+            config.update(NPU_CONFIG)
+        else:
+            config["NUM_STREAMS"] = 1
         if target == "CPU":
             config["INFERENCE_NUM_THREADS"] = _threads(opts)
         bf16 = opts.precision == BF16
@@ -260,6 +266,46 @@ class OpenVinoRunner:
     def close(self) -> None:
         self.request = None  # type: ignore[assignment]
         self.compiled = None  # type: ignore[assignment]
+
+
+def ort_providers(ort: Any, device: str) -> list[str]:
+    """The providers an ORT session for edge's `device` is given, in ORT's order of preference: those of
+    ORT_RUNNER_PROVIDERS for its kind that this ORT build has (CUDA before DirectML on a GPU)."""
+    name = DeviceName.parse(device)
+    have = ort.get_available_providers()
+    if name.index is not None:
+        raise DeviceError(
+            f"ONNX Runtime's runner opens a provider's first {name.kind}, not {name}",
+            hint=f"use --device {name.kind} on ort, or --backend openvino for its numbered devices",
+        )
+    wanted = [p for p, kind in ORT_RUNNER_PROVIDERS.items() if kind == name.kind and p in have]
+    if not wanted:
+        raise DeviceError(
+            f"onnxruntime has no provider edge runs on {name} here (providers: {', '.join(have)})",
+            hint="use --device cpu, or see `edge devices` for why each provider is not run",
+        )
+    return wanted
+
+
+def openvino_target(core: Any, device: str) -> str:
+    """The exact name OpenVINO lists for edge's `device`: gpu.1 -> GPU.1; gpu -> its one GPU (GPU or GPU.0), or
+    where it lists several, the one devices/runtime_devices.choose_device picks (never the bare GPU alias)."""
+    name = DeviceName.parse(device)
+    listed = [str(n) for n in core.available_devices]
+    of_kind = [n for n in listed if n.partition(".")[0].lower() == name.kind] if name.index is None else []
+    if str(name).upper() in listed or len(of_kind) == 1:
+        # NOTE: by name where that is unambiguous: asking a device's properties loads its plugin (a GPU's takes
+        # a while), which a CPU runner on a machine with a GPU must not pay
+        return str(name).upper() if str(name).upper() in listed else of_kind[0]
+    found = openvino_devices(core)
+    dev = choose_device(found, name)
+    if dev is None:
+        have = ", ".join(d.name for d in found) or "none"
+        raise DeviceError(
+            f"OpenVINO has no {str(name).upper()} device here (devices: {have})",
+            hint="use --device cpu, or a device `edge devices` lists",
+        )
+    return dev.name
 
 
 def _check_bf16(core: Any, bf16: bool) -> None:

@@ -372,9 +372,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
     console.print(f"[bold]Memory[/] {inv.memory_available_mb} MB free of {inv.memory_total_mb} MB · {inv.os}")
     table = Table("backend", "status", "version", "devices")
     for b in inv.backends:
+        # as the runtime names them (GPU.0, GPU.1: --device gpu.0 / gpu.1), those edge does not run with why not
         devs = ", ".join(
             f"{d.name} ({d.kind}"
+            + (f", {d.memory_bytes >> 20} MB of its own" if d.memory_bytes else "")
             + (f", {probed[(b.name, d.name)]:.1f} GB/s" if (b.name, d.name) in probed else "")
+            + ("" if d.runnable else f", not run: {d.why_not}")
             + ")"
             for d in b.devices
         )

@@ -61,7 +61,9 @@ def add_device_args(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """--device, --precision and --threads: what every command that runs a model takes."""
     group = p.add_argument_group("model loading")
     group.add_argument(
-        "--device", default="cpu", help="cpu | gpu | npu | auto | hetero:[backend:]device,... (default cpu)"
+        "--device",
+        default="cpu",
+        help="cpu | gpu | gpu.N (the runtime's GPU.N) | npu | auto | hetero:[backend:]device,... (default cpu)",
     )
     add_precision(group)
     group.add_argument(

@@ -88,6 +88,17 @@ class DeviceLostError(DeviceError):
         self.switched_to = switched_to
 
 
+class NoUsableDeviceError(DeviceError):
+    """No backend runs the device asked for (`--device gpu` tries each that reports one). `attempts` holds each
+    backend tried and why it did not run there, in the order tried."""
+
+    def __init__(
+        self, message: str, *, attempts: tuple[tuple[str, str], ...], hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.attempts = attempts
+
+
 class BackendUnavailableError(DeviceError):
     """A backend's SDK is not installed or cannot load."""
 

@@ -246,7 +246,7 @@ class ChatApp(App[None]):
             f"{b.name}:{kind}"
             for b in inv.backends
             if b.available and b.name in runnable
-            for kind in sorted({d.kind for d in b.devices})
+            for kind in sorted({d.kind for d in b.devices if d.runnable})
         ]
         self._ui(setattr, self, "devices", found)
 
