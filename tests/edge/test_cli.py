@@ -200,7 +200,21 @@ def test_base_model_runs_as_completion_with_a_note() -> None:
     import llama_cpp
 
     prompt = "The capital of France is"
-    proc = edge("run", "gemma3-270m", prompt, "--temperature", "0", "--max-tokens", "8", "--json")
+    # llama.cpp on both sides: the check is that no template wraps the prompt. Across engines greedy tokens
+    # part at gemma3's near-ties: at this prompt's sixth token ORT's K-quant kernels alone move the margin
+    # between 0.004 and 0.31 logits with the summation order of the ISA they run
+    proc = edge(
+        "run",
+        "gemma3-270m",
+        prompt,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--json",
+        "--backend",
+        "llamacpp",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "gemma3-270m is a base model with no chat template; running as plain completion" in proc.stderr
     out = json.loads(proc.stdout)
