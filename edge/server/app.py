@@ -304,6 +304,7 @@ def create_app(config: ServerConfig, registry: Registry, drain: Drain) -> Any:
         api_key=config.api_key,
         allowed_hosts=config.allowed_hosts,
         max_body_bytes=config.limits.max_body_bytes,
+        cors_origins=config.cors_origins,
     )
     outer: Any = guarded
     if config.cors_origins:  # preflights (no Authorization header) are answered before the key check

@@ -5,6 +5,11 @@
   name, not ours.
 - API key: with a key, every request but `GET /health` needs `Authorization: Bearer KEY` or, as Anthropic's
   clients send it, `x-api-key: KEY` (401), compared in constant time.
+- Origin: a request a browser sends from a web page (it carries `Origin`) is refused (403) unless the page's
+  origin is a loopback http(s) one or one `--cors-origin` allows. Without CORS a page cannot read the answer, but a
+  simple POST still runs: a page on another site could otherwise start a multi-GB `/api/pull` or load the
+  CPU. Desktop apps' own schemes (`app://`, `file://`, `tauri://`, `vscode-webview://`) pass, as with Ollama's
+  default origins; `Origin: null` (a sandboxed frame) does not, unless `--cors-origin` names it.
 - Body size: a declared or streamed body beyond the limit is a 413 before it is all read.
 
 CORS (off unless origins are given) is Starlette's CORSMiddleware, placed outside this one so preflights pass.
@@ -16,6 +21,7 @@ import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from edge.server.config import is_loopback
 from edge.server.protocol import error_body
@@ -51,8 +57,10 @@ class Guard:
         api_key: str | None,
         allowed_hosts: tuple[str, ...],
         max_body_bytes: int,
+        cors_origins: tuple[str, ...] = (),
     ) -> None:
         self.app = app
+        self.origins = frozenset(o.rstrip("/").lower() for o in cors_origins)
         self.key = None if not api_key else f"Bearer {api_key}".encode()
         self.raw_key = None if not api_key else api_key.encode()
         self.allowed = frozenset(h.lower().strip("[]") for h in allowed_hosts)
@@ -66,6 +74,13 @@ class Guard:
         host = host_name(headers.get("host", b"").decode("latin-1"))
         if not (is_loopback(host) or host in self.allowed or "*" in self.allowed):
             await _reject(send, 403, f"host {host!r} is not allowed", "forbidden", "host_not_allowed")
+            return
+        origin = headers.get("origin")
+        if origin is not None and not self._origin_ok(origin.decode("latin-1")):
+            await _reject(
+                send, 403, f"origin {origin.decode('latin-1')!r} is not allowed: a web page on another site may "
+                "not use this server (allow a page's origin with --cors-origin ORIGIN)", "forbidden", "origin_not_allowed",
+            )  # fmt: skip
             return
         if self.key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
             given = headers.get("authorization", b"")
@@ -83,6 +98,18 @@ class Guard:
                           "request_too_large")  # fmt: skip
             return
         await self._with_body_limit(scope, receive, send)
+
+    def _origin_ok(self, origin: str) -> bool:
+        given = origin.strip().rstrip("/").lower()
+        if "*" in self.origins or given in self.origins:
+            return True
+        parts = urlsplit(given)
+        if parts.scheme not in ("http", "https"):
+            return given != "null" and bool(
+                parts.scheme
+            )  # a desktop app's own scheme; null: a sandboxed frame
+        host = (parts.hostname or "").strip("[]")
+        return is_loopback(host)
 
     async def _with_body_limit(self, scope: Scope, receive: Receive, send: Send) -> None:
         seen = 0

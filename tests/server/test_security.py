@@ -103,6 +103,28 @@ def test_cors_is_off_unless_asked(server: Server, start_server: Callable[..., Se
     assert "access-control-allow-origin" not in r.headers
 
 
+def test_a_foreign_web_page_cannot_make_the_server_act(start_server: Callable[..., Server]) -> None:
+    """A page on another site can send a simple POST (text/plain, no preflight) whose answer it cannot read, but
+    whose work would still be done: a pull, a generation. Its Origin is refused before any handler runs."""
+    s = start_server(cors_origins=["https://app.example"])
+    body = '{"model": "tiny.gguf", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+    simple = {"Content-Type": "text/plain"}
+    for origin in ("https://evil.example", "null", "http://192.168.1.10:8080"):
+        r = httpx.post(s.url + "/v1/chat/completions", content=body, headers={**simple, "Origin": origin})
+        assert r.status_code == 403 and "--cors" in r.json()["error"]["message"], origin
+        r = httpx.post(s.url + "/api/pull", content='{"model": "smollm2-135m"}', headers={"Origin": origin})
+        assert r.status_code == 403, origin
+    for origin in (
+        "https://app.example",
+        "http://localhost:5173",
+        "http://127.0.0.1:3000",
+        "app://obsidian.md",
+    ):
+        r = httpx.post(s.url + "/v1/chat/completions", json=CHAT, headers={"Origin": origin})
+        assert r.status_code == 200, (origin, r.text)
+    assert httpx.post(s.url + "/v1/chat/completions", json=CHAT).status_code == 200  # no Origin: no page
+
+
 def test_oversize_body_is_413(start_server: Callable[..., Server]) -> None:
     s = start_server(limits=Limits(max_body_bytes=64 * 1024))
     big = {**CHAT, "messages": [{"role": "user", "content": "w1 " * 40_000}]}
