@@ -39,6 +39,7 @@ _X86_VARIANTS = (
     ("kq_avx512", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl")),
     ("kq_avx512vnni", ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")),
 )
+_OPTIONAL_FLAG = "-mavx512vnni"  # a variant built without it where the compiler does not know it
 _BUILD_LOCK = threading.Lock()
 _FAILED: BackendUnavailableError | None = None  # a build that failed, not tried again in this process
 
@@ -89,7 +90,15 @@ def _compile(cc: str, src: Path, out: Path) -> tuple[str, ...]:
     objs = []
     for name, flags in variants:
         obj = out / f"kernels_{name}.o"
-        _run([cc, *_COMMON, *flags, f"-DKQ_NAME={name}", "-c", str(src / "kernels.c"), "-o", str(obj)])
+        cmd = [cc, *_COMMON, *flags, f"-DKQ_NAME={name}", "-c", str(src / "kernels.c"), "-o", str(obj)]
+        try:
+            _run(cmd)
+        except BackendUnavailableError:
+            if _OPTIONAL_FLAG not in flags:
+                raise
+            # a compiler older than VNNI (GCC < 8): the same table, its multiply-adds unfused (what the
+            # kernels do without __AVX512VNNI__), so the library and every other variant still build
+            _run([c for c in cmd if c != _OPTIONAL_FLAG])
         objs.append(str(obj))
     for name in ("dispatch.c", "ort_op.c"):
         obj = out / name.replace(".c", ".o")

@@ -102,12 +102,13 @@ def test_logits_follow_the_float64_forward(arch: str, mix: str, tiny: Callable[[
 def test_every_isa_path_in_the_graph(
     isa: str, tiny: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """EDGE_KQUANT_ISA forces the op's kernels: each path this CPU runs gives the portable path's logits."""
+    """EDGE_KQUANT_ISA forces the op's kernels: each path this CPU runs gives the portable path's logits, bit
+    for bit (every kernel adds the blocks in one order)."""
     path, ids = tiny("qwen2", "Q4_K_M-like"), ids_for(N, seed=4)
     monkeypatch.setenv("EDGE_KQUANT_ISA", "portable")
     base = _feed(_decoder(path), ids)
     monkeypatch.setenv("EDGE_KQUANT_ISA", isa)
-    np.testing.assert_allclose(_feed(_decoder(path), ids), base, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(_feed(_decoder(path), ids), base)
 
 
 def test_a_forced_isa_this_cpu_cannot_run_is_an_error(
@@ -158,6 +159,56 @@ def test_without_a_compiler_the_graph_falls_back_and_says_so(
             _decoder(tiny("qwen2", "Q4_K"), kquant=True)
     finally:
         monkeypatch.setattr(build, "_FAILED", None)
+
+
+def test_a_compiler_without_vnni_still_builds_every_variant(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A compiler older than AVX512-VNNI (GCC < 8) refuses -mavx512vnni: that variant is built without it (its
+    multiply-adds unfused), the library still has every table, and they still give the portable bits."""
+    import ctypes
+    import shutil
+
+    from edge.devices.kquant import build
+
+    real = shutil.which("cc") or shutil.which("gcc")
+    assert real is not None
+    fake = tmp_path / "old-cc"
+    fake.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -mavx512vnni ] && exit 1; done\nexec {real} "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("EDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setattr(build, "_FAILED", None)
+    try:
+        built = kernel_library()
+    finally:
+        monkeypatch.setattr(build, "_FAILED", None)
+    assert built.path.is_relative_to(tmp_path) and "kq_avx512vnni" in built.variants
+    lib = ctypes.CDLL(str(built.path))
+    lib.kq_kernels_for.restype = ctypes.c_void_p
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((13, 512)).astype(np.float32)
+    w = rng.integers(0, 256, (40, 2 * 144), dtype=np.uint8)
+    w.reshape(40, 2, 144)[:, :, :4] = np.array([0.01, 0.01], np.float16).view(np.uint8)  # finite d, dmin
+    outs = {}
+    for isa in (0, 3):
+        if lib.kq_kernels_for(isa) is None:
+            continue
+        y = np.empty((13, 40), np.float32)
+        f32, u8 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_uint8)
+        lib.kq_matmul.argtypes = [ctypes.c_int, ctypes.c_int, f32, ctypes.c_int64, ctypes.c_int64, u8,
+                                  ctypes.c_int64, f32]  # fmt: skip
+        assert (
+            lib.kq_matmul(
+                isa, 12, x.ctypes.data_as(f32), 13, 512, w.ctypes.data_as(u8), 40, y.ctypes.data_as(f32)
+            )
+            == 0
+        )
+        outs[isa] = y
+    if 3 in outs:
+        np.testing.assert_array_equal(outs[3], outs[0])
 
 
 def test_a_cache_emptied_since_is_built_into_again(

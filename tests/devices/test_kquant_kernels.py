@@ -97,12 +97,12 @@ def test_zero_blocks_and_zero_activations(t: T, isa: str) -> None:
 def test_simd_paths_agree_with_portable() -> None:
     """Every ISA's kernels give the portable C's products bit for bit: each block's integer sum is exact, and
     every kernel adds the blocks in the same order with the same fused multiply-adds. Covered: one activation
-    row, groups of rows (2, 3, 4 and a remainder) and the tiled product (8 rows and more, 32 weight rows a
-    tile, and weight rows left over past the last tile)."""
+    row, groups of rows (2, 3, 4 and a remainder) and the tiled product (12 rows and more, each remainder of
+    its row groups, 32 or 16 weight rows a tile, and weight rows left over past the last tile)."""
     rng = np.random.default_rng(11)
     for t in TYPES:
         w = _blocks(t, 70, 1024, rng, scale=1e-2)
-        for m in (1, 4, 7, 8, 13, 40):
+        for m in (1, 4, 7, 8, 13, 14, 15, 40):
             x = rng.standard_normal((m, 1024)).astype(np.float32)
             base = matmul(x, w, t, isa="portable")
             for isa in _isas():

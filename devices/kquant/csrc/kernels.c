@@ -1,5 +1,5 @@
 /* One instruction set's kernels; built once per ISA with its compiler flags and KQ_NAME set to the table's
- * name (kq_portable, kq_avx2, kq_avx512). The portable C is the reference the SIMD paths are tested against
+ * name (kq_portable, kq_avx2, kq_avx512, kq_avx512vnni). The portable C is the reference the SIMD paths are tested against
  * (and all of them against a float64 dequantize-and-dot in Python). */
 #include <math.h>
 #include <stdlib.h>

@@ -26,7 +26,7 @@ typedef struct {
     int16_t bsums32[KQ_QK / 32];
 } kq_block_q8;
 
-/* the kernels of one instruction set: portable C, AVX2, AVX-512 */
+/* the kernels of one instruction set: portable C, AVX2, AVX-512, AVX-512 with VNNI */
 typedef struct {
     void (*quantize)(const float *x, kq_block_q8 *y, int64_t k);
     float (*dot_q4_k)(const uint8_t *w, const kq_block_q8 *y, int64_t nb);

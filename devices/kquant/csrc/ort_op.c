@@ -114,7 +114,7 @@ typedef struct {
     int64_t m, rows_per_task;
 } Job;
 
-/* EDGE_KQUANT_ISA=portable|avx2|avx512 forces one instruction set (tests); unset: the best this CPU runs */
+/* EDGE_KQUANT_ISA=portable|avx2|avx512|avx512vnni forces one instruction set (tests); unset: the best this CPU runs */
 static const kq_kernels *chosen_kernels(void) {
     const char *want = getenv("EDGE_KQUANT_ISA");
     if (want == NULL || *want == '\0') return kq_kernels_for(kq_best_isa());
