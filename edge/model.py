@@ -129,26 +129,12 @@ def _config(
 def _with_calls(pieces: Generator[str, None, Result], plan: ToolPlan) -> Generator[str, None, Result]:
     """A generation's pieces with its tool calls taken out: content pieces are yielded as they are certain, the
     calls land in the Result."""
-    splitter, calls, text = CallSplitter(plan), [], []
-
-    def sort(items: list[str | ToolCall]) -> list[str]:
-        calls.extend(x for x in items if isinstance(x, ToolCall))
-        content = [x for x in items if isinstance(x, str)]
-        text.extend(content)
-        return content
-
-    try:
-        while True:
-            try:
-                piece = next(pieces)
-            except StopIteration as stop:
-                result: Result = stop.value
-                break
-            yield from sort(splitter.feed(piece))
-        yield from sort(splitter.finish())
-    finally:
-        pieces.close()
-    return replace(result, text="".join(text), tool_calls=tuple(calls))
+    splitter = CallSplitter(plan)
+    content = _split_pieces(
+        pieces, splitter.feed, splitter.finish, lambda x: x if isinstance(x, str) else None
+    )
+    result, text, calls = yield from content
+    return replace(result, text=text, tool_calls=tuple(x for x in calls if isinstance(x, ToolCall)))
 
 
 def _with_reasoning(
@@ -156,11 +142,31 @@ def _with_reasoning(
 ) -> Generator[str, None, Result]:
     """A thinking model's pieces with its thoughts taken out: the content is yielded, the thoughts land in the
     Result's `reasoning`."""
-    splitter, thoughts, text = thinking.splitter(), [], []
+    splitter = thinking.splitter()
+    content = _split_pieces(pieces, splitter.feed, splitter.finish, lambda p: None if p[0] else p[1])
+    result, text, thoughts = yield from content
+    return replace(result, text=text, reasoning="".join(t for _, t in thoughts))
 
-    def sort(parts: list[tuple[bool, str]]) -> list[str]:
-        thoughts.extend(t for r, t in parts if r)
-        content = [t for r, t in parts if not r]
+
+def _split_pieces(
+    pieces: Generator[str, None, Result],
+    feed: Callable[[str], list[Any]],
+    finish: Callable[[], list[Any]],
+    content_of: Callable[[Any], str | None],
+) -> Generator[str, None, tuple[Result, str, list[Any]]]:
+    """`pieces` through a streaming splitter: the content (what `content_of` gives text for) is yielded as the
+    splitter is sure of it; returns the generation's Result, the whole content and the other parts, in order."""
+    text: list[str] = []
+    others: list[Any] = []
+
+    def sort(parts: list[Any]) -> list[str]:
+        content = []
+        for part in parts:
+            piece = content_of(part)
+            if piece is None:
+                others.append(part)
+            else:
+                content.append(piece)
         text.extend(content)
         return content
 
@@ -171,11 +177,11 @@ def _with_reasoning(
             except StopIteration as stop:
                 result: Result = stop.value
                 break
-            yield from sort(splitter.feed(piece))
-        yield from sort(splitter.finish())
+            yield from sort(feed(piece))
+        yield from sort(finish())
     finally:
         pieces.close()
-    return replace(result, text="".join(text), reasoning="".join(thoughts))
+    return result, "".join(text), others
 
 
 def _asked_thinking(thinking: Thinking | bool | None) -> Thinking | None:

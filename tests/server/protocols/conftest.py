@@ -13,6 +13,17 @@ from edge.server import Server
 
 MODEL = "qwen2.5-coder-0.5b"
 
+# a schema both Ollama clients' structured-output tests ask for
+CITY: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "maximum": 99999999},
+    },
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+
 WEATHER: dict[str, Any] = {
     "type": "object",
     "properties": {

@@ -16,19 +16,9 @@ from langchain_ollama import ChatOllama
 from edge.models.catalog import CATALOG
 from edge.models.store import is_verified, model_path
 from edge.server import Server
-from tests.server.protocols.conftest import MODEL, WEATHER
+from tests.server.protocols.conftest import CITY, MODEL, WEATHER
 
 pytestmark = pytest.mark.slow
-
-CITY = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "population": {"type": "integer", "maximum": 99999999},
-    },
-    "required": ["city", "population"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -14,19 +14,9 @@ import pytest
 
 from edge.devices.mapped import release_heap
 from edge.server import Server
-from tests.server.protocols.conftest import MODEL, WEATHER
+from tests.server.protocols.conftest import CITY, MODEL, WEATHER
 
 pytestmark = pytest.mark.slow
-
-CITY = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 20},
-        "population": {"type": "integer", "maximum": 99999999},
-    },
-    "required": ["city", "population"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
