@@ -15,7 +15,9 @@ from edge.errors import GrammarError, ToolError
 from edge.grammar import Grammar
 from edge.tools import CallSyntax, ToolChoice, ToolPlan, parse_tools
 
-REAL = json.loads((Path(__file__).parents[1] / "data" / "schemas_real_world.json").read_text())
+# each entry: its source, license and schema; the four below are hand-made in the shapes clients send
+DATA = json.loads((Path(__file__).parents[1] / "data" / "schemas_real_world.json").read_text())
+REAL = {name: entry["schema"] for name, entry in DATA.items()}
 NOTED = {
     "schemastore-draft04": ["#/id"],
     "kubernetes-style": [
@@ -65,7 +67,7 @@ class _Bytes:
         return list(text)
 
 
-@pytest.mark.parametrize("name", sorted(REAL))
+@pytest.mark.parametrize("name", sorted(NOTED))
 def test_real_world_schemas_are_read_with_their_annotations_noted(name: str) -> None:
     grammar = Grammar.json_schema(REAL[name])
     noted = NOTED[name]
