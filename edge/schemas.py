@@ -13,10 +13,12 @@ A `format` the engine does not know (`byte`, `regex`, `int64` on a string) is an
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from edge.errors import GrammarError
 
@@ -169,6 +171,7 @@ def read_schema(schema: Mapping[str, Any]) -> ReadSchema:
         )
     out.pop("$schema", None)  # read as 2020-12 from here on (the spellings above translated)
     check_schema(out)
+    _disjoint_one_of_as_any_of(out, out)
     notes = []
     if dropped:
         notes.append(f"schema keys that are no JSON Schema keyword, ignored: {_named(dropped)}")
@@ -253,6 +256,159 @@ def _dependencies_as_any_of(node: dict[str, Any]) -> None:
             *node.get("allOf", []),
             *({"anyOf": [{"properties": {n: False}}, s]} for n, s in rules),
         ]
+
+
+# keys whose values are data, not subschemas: a `oneOf` inside one of them is no keyword
+_DATA_KEYS = frozenset(["const", "enum", "default", "examples"])
+_TYPES = frozenset(["null", "boolean", "object", "array", "number", "string"])  # integer is a number
+
+
+def _disjoint_one_of_as_any_of(node: Any, root: dict[str, Any]) -> None:
+    """Each `oneOf` whose branches no value can match two of, as the `anyOf` it then equals. The engine proves
+    this only where each branch names its own type: it refuses a `oneOf` of a `$ref` and an array of it, or
+    of objects told apart by a required key, which real schemas are full of. A `oneOf` not proven so stays."""
+    if isinstance(node, list):
+        for sub in node:
+            _disjoint_one_of_as_any_of(sub, root)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, sub in node.items():
+        if key not in _DATA_KEYS:
+            _disjoint_one_of_as_any_of(sub, root)
+    branches = node.get("oneOf")
+    if not isinstance(branches, list):
+        return
+    pairs = [(a, b) for i, a in enumerate(branches) for b in branches[i + 1 :]]
+    if all(_disjoint(a, b, root) for a, b in pairs):
+        del node["oneOf"]
+        if "anyOf" in node:  # both hold: the proven oneOf joins as an allOf member
+            node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
+        else:
+            node["anyOf"] = branches
+
+
+def _disjoint(a: Any, b: Any, root: dict[str, Any]) -> bool:
+    """Whether no JSON value matches both schemas, proven from their types, values and object keys (False:
+    not proven). Sound only: each test reads constraints a schema holds, never ones it lacks."""
+    common = _types(a, root) & _types(b, root)
+    if not common:
+        return True
+    for values, other in ((_values(a, root), b), (_values(b, root), a)):
+        if values is not None:  # a few named values: disjoint where none of them validates against the other
+            return not any(_admits(root, other, json.loads(v)) for v in values)
+    if common != {"object"}:
+        return False
+    fa, fb = _target(a, root), _target(b, root)
+    return _keyed_apart(fa, fb, root) or _keyed_apart(fb, fa, root)
+
+
+def _admits(root: dict[str, Any], node: Any, value: Any) -> bool:
+    """Whether `value` validates against `node`, a subschema of `root` (True where it cannot be told)."""
+    import jsonschema
+
+    try:
+        return jsonschema.Draft202012Validator(root).evolve(schema=node).is_valid(value)
+    except Exception:  # a regex Python's re does not read, a $ref it cannot resolve: not proven apart
+        return True
+
+
+def _keyed_apart(a: Any, b: Any, root: dict[str, Any]) -> bool:
+    """Objects of `a` and `b` differ by a key `a` requires: `b` forbids it, or requires it with other values."""
+    if not isinstance(a, Mapping) or not isinstance(b, Mapping) or not isinstance(a.get("required"), list):
+        return False
+    props_a, props_b = a.get("properties", {}), b.get("properties", {})
+    closed = b.get("additionalProperties") is False and not b.get("patternProperties")
+    for key in a["required"]:
+        if props_b.get(key) is False or (closed and key not in props_b):
+            return True
+        if key in props_a and key in props_b and key in b.get("required", []):
+            values_a, values_b = _values(props_a[key], root), _values(props_b[key], root)
+            if values_a is not None and values_b is not None and not values_a & values_b:
+                return True
+    return False
+
+
+def _types(node: Any, root: dict[str, Any], depth: int = 0) -> frozenset[str]:
+    """The JSON types a value of `node` can have (all where not known)."""
+    if node is False:
+        return frozenset()
+    if not isinstance(node, Mapping) or depth > 32:
+        return _TYPES
+    out = _TYPES
+    kind = node.get("type")
+    if isinstance(kind, (str, list)):
+        out &= {"number" if k == "integer" else k for k in ([kind] if isinstance(kind, str) else kind)}
+    values = _values(node, root, depth)
+    if values is not None:
+        out &= {_type_of(json.loads(v)) for v in values}
+    if isinstance(node.get("$ref"), str):
+        out &= _types(_resolve(root, node["$ref"]), root, depth + 1)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            out &= frozenset().union(*(_types(sub, root, depth + 1) for sub in node[key]))
+    for sub in node.get("allOf", []) if isinstance(node.get("allOf"), list) else []:
+        out &= _types(sub, root, depth + 1)
+    return out
+
+
+def _values(node: Any, root: dict[str, Any], depth: int = 0) -> frozenset[str] | None:
+    """The values `node` admits as canonical JSON texts, where it names them (`const`, `enum`); else None."""
+    if not isinstance(node, Mapping) or depth > 32:
+        return None
+    found: frozenset[str] | None = None
+    if "const" in node:
+        found = frozenset([_canonical(node["const"])])
+    if isinstance(node.get("enum"), list):
+        enum = frozenset(_canonical(v) for v in node["enum"])
+        found = enum if found is None else found & enum
+    if found is None and isinstance(node.get("$ref"), str):
+        return _values(_resolve(root, node["$ref"]), root, depth + 1)
+    return found
+
+
+def _canonical(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 1.0 and 1 are the same JSON Schema value
+    return json.dumps(value, sort_keys=True)
+
+
+def _type_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _target(node: Any, root: dict[str, Any]) -> Any:
+    """`node`, or what it refers to where it is only a `$ref` (with annotations): keys read together, such as
+    `properties` with `additionalProperties`, must come from one schema object."""
+    for _ in range(32):
+        if not isinstance(node, Mapping) or not isinstance(node.get("$ref"), str):
+            return node
+        if any(k not in ANNOTATIONS for k in node if k != "$ref"):
+            return node
+        node = _resolve(root, node["$ref"])
+    return node
+
+
+def _resolve(root: dict[str, Any], ref: str) -> Any:
+    """The subschema a local `$ref` names (None: not local, or not there)."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = root
+    for part in (p for p in unquote(ref[1:]).split("/") if p):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
 
 
 def check_schema(schema: Mapping[str, Any]) -> None:
