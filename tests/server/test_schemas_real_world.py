@@ -86,11 +86,13 @@ def test_real_world_schemas_are_answered_with_valid_json_or_refused_naming_the_k
             )
         except openai.BadRequestError as exc:
             refused.append((name, exc.message))
+            print(f"{name}: refused", flush=True)  # one line a schema: a slow run shows where it is
             continue
         choice, text = r.choices[0], r.choices[0].message.content or ""
         if choice.finish_reason == "length":
             assert r.usage is not None and r.usage.completion_tokens == MAX_TOKENS, (name, r.usage)
             cut.append(name)
+            print(f"{name}: cut", flush=True)
             continue
         assert choice.finish_reason == "stop", (name, choice.finish_reason)
         try:
@@ -98,6 +100,8 @@ def test_real_world_schemas_are_answered_with_valid_json_or_refused_naming_the_k
         except ValueError as exc:
             errors = [f"not JSON: {exc}"]
         (invalid if errors else valid).append((name, errors, text[:200]))
+        tokens = r.usage.completion_tokens if r.usage else 0
+        print(f"{name}: {'INVALID' if errors else 'valid'} in {tokens} tokens", flush=True)
     print(
         f"\n{len(REAL)} schemas, max_tokens {MAX_TOKENS}: {len(REAL) - len(refused)} accepted, "
         f"{len(valid)} valid, {len(cut)} cut, {len(invalid)} invalid, {len(refused)} refused"
