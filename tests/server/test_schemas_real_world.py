@@ -2,9 +2,9 @@
 Kubernetes kinds, function parameters of the Berkeley function-calling leaderboard), each asked for once through
 `edge serve smollm2-135m` (ort) with the real `openai` client, `json_schema` strict, at temperature 0.7 and
 repeat_penalty 1.1 (issue 45). A schema the engine accepts is never answered with invalid JSON; one it refuses
-is a 400 naming the keyword. The issue's target, 80% of the set answered with valid JSON, is a strict xfail: answers cut at
-max_tokens (finish_reason "length": the model loops inside a string or number the schema leaves unbounded) are
-counted apart, neither valid nor invalid, and keep it at 69%.
+is a 400 naming the keyword. The issue's target, 80% of the set answered with valid JSON, is a strict xfail:
+answers cut at max_tokens (finish_reason "length": the model loops inside a string or number the schema leaves
+unbounded) are counted apart, neither valid nor invalid, and keep it at 69%.
 benchmarks/results/schemas-real-world-2026-12-07-xeon.md holds the figures."""
 
 from __future__ import annotations
