@@ -135,7 +135,7 @@ def unknown_keywords(schema: Any, path: str = "#") -> list[str]:
 
 
 # the string formats llguidance enforces (1.9); any other is refused by it unless dropped as an annotation
-ENFORCED_FORMATS = frozenset(
+_ENFORCED_FORMATS = frozenset(
     ["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"]
 )
 # ECMA-262's named group, valid in a JSON Schema pattern (and in llguidance's regex), spelt (?P<..> in Python's
@@ -216,7 +216,7 @@ def _read(node: Any, path: str, dropped: list[str], formats: list[str]) -> Any:
             }
         else:
             out[key] = value
-    if isinstance(out.get("format"), str) and out["format"] not in ENFORCED_FORMATS and _may_be_string(out):
+    if isinstance(out.get("format"), str) and out["format"] not in _ENFORCED_FORMATS and _may_be_string(out):
         formats.append(f"{path}/format ({out.pop('format')})")
     if out.get("propertyNames") in (True, {}, {"type": "string"}):
         del out["propertyNames"]  # every key of a JSON object is a string: it holds of every value
