@@ -255,11 +255,16 @@ def _validate(grammar: Grammar, lltok: Any) -> tuple[str, Any]:
 def _keyword_paths(grammar: Grammar, message: str) -> str:
     """Where in the schema the keywords llguidance names as unimplemented stand (JSON pointers)."""
     head = "Unimplemented keys: "
-    if grammar.kind != "json_schema" or head not in message:
+    if grammar.kind != "json_schema":
         return ""
-    try:
-        keys = set(json.loads(message.split(head, 1)[1].split("]", 1)[0] + "]"))
-    except ValueError:
+    if message.startswith("oneOf constraints are not supported"):
+        keys = {"oneOf"}  # those left are the ones edge could not prove disjoint (edge/schemas.py)
+    elif head in message:
+        try:
+            keys = set(json.loads(message.split(head, 1)[1].split("]", 1)[0] + "]"))
+        except ValueError:
+            return ""
+    else:
         return ""
     found: list[str] = []
 

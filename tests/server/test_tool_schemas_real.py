@@ -20,7 +20,8 @@ from edge.server import Server
 
 pytestmark = pytest.mark.slow
 MODEL = "qwen2.5-coder-0.5b"
-REAL = json.loads((Path(__file__).parents[1] / "data" / "schemas_real_world.json").read_text())
+DATA = json.loads((Path(__file__).parents[1] / "data" / "schemas_real_world.json").read_text())
+REAL = {name: entry["schema"] for name, entry in DATA.items()}
 
 
 class Unit(str, enum.Enum):
