@@ -54,46 +54,21 @@ static inline int gemm_subs(int type) { return type == KQ_Q6_K ? 16 : 8; }
 
 static inline int32_t pair16(int a, int b) { return (int32_t)(((uint32_t)(uint16_t)b << 16) | (uint16_t)a); }
 
-/* Q6_K's codes: per half, 128 of them from 64 bytes of low nibbles and 32 of high pairs (as the row kernels) */
+/* a row's 256 codes in input order (64-byte aligned): the row kernels' unpacking, stored */
 static inline void codes_q6(const uint8_t *w, uint8_t codes[KQ_QK]) {
-    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
     for (int half = 0; half < 2; half++) {
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * half));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * half + 32));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * half));
-        uint8_t *c = codes + 128 * half;
-        _mm256_store_si256((__m256i *)c,
-                           _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)));
-        _mm256_store_si256(
-            (__m256i *)(c + 32),
-            _mm256_or_si256(_mm256_and_si256(l1, m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)));
-        _mm256_store_si256(
-            (__m256i *)(c + 64),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)));
-        _mm256_store_si256(
-            (__m256i *)(c + 96),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4)));
+        __m256i q[4];
+        codes_q6_half(w, half, q);
+        for (int i = 0; i < 4; i++) _mm256_store_si256((__m256i *)(codes + 128 * half + 32 * i), q[i]);
     }
 }
 
-/* Q4_K / Q5_K's codes: 32 bytes give inputs 64j .. 64j + 31 (low nibbles) and the next 32 (high); Q5_K's
- * fifth bits are bit 2j / 2j + 1 of its 32 high bytes */
 static inline void codes_q45(const uint8_t *w, int q5, uint8_t codes[KQ_QK]) {
-    const __m256i m4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
     const uint8_t *qs = w + (q5 ? 48 : 16);
     const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if (q5) {
-            const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
-            const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
-        }
+        __m256i lo, hi;
+        codes_q45_chunk(qs, h, j, q5, &lo, &hi);
         _mm256_store_si256((__m256i *)(codes + 64 * j), lo);
         _mm256_store_si256((__m256i *)(codes + 64 * j + 32), hi);
     }

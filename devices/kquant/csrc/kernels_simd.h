@@ -55,13 +55,42 @@ static inline __m256i offsets_q6(const int8_t *sc, const int16_t *bsums) {
     return _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bsums));
 }
 
+/* Q4_K / Q5_K: 32 code bytes (chunk j) give inputs 64j .. 64j + 31 (low nibbles, *lo) and the next 32 (high,
+ * *hi); Q5_K's fifth bits (h: its 32 high bytes) are bit 2j / 2j + 1. Shared by the row kernels and the tile. */
+static inline void codes_q45_chunk(const uint8_t *qs, __m256i h, int j, int q5, __m256i *lo, __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+    *lo = _mm256_and_si256(q, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if (q5) {
+        const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
+        const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(hl, 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(hh, 4));
+    }
+}
+
+/* Q6_K: half `half`'s 128 codes (inputs 128 half + 32 i, i < 4) from 64 bytes of low nibbles and 32 of high
+ * pairs, unsigned (the +32 offset is the callers') */
+static inline void codes_q6_half(const uint8_t *w, int half, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * half));
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(w + 64 * half));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(w + 64 * half + 32));
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+}
+
 /* Up to 4 activation rows against one weight row (one row: a decode step; more: a prompt, a verify step):
  * each weight block is decoded once for all of them. nr is a constant at each call site, so the compiler
  * unrolls the row loops. Q4_K and Q5_K differ only in the fifth bit (q5). */
 static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb,
                                    int q5, float *out) {
     const int bytes = q5 ? 176 : 144;
-    const __m256i m4 = _mm256_set1_epi8(0xf), one = _mm256_set1_epi8(1);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++, w += bytes) {
         prefetch_block(w, bytes);
@@ -74,14 +103,8 @@ static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *y
         __m256i isum[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
                            _mm256_setzero_si256()};
         for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (q5) {
-                const __m256i hl = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one);
-                const __m256i hh = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
-            }
+            __m256i lo, hi;
+            codes_q45_chunk(qs, h, j, q5, &lo, &hi);
             const __m256i s_lo = scale_of(sc, 2 * j), s_hi = scale_of(sc, 2 * j + 1);
             for (int r = 0; r < nr; r++) {
                 const int8_t *y8 = ys[r][b].qs + 64 * j;
@@ -99,29 +122,17 @@ static inline void dotn_q45_k_avx2(const uint8_t *w, const kq_block_q8 *const *y
 
 static inline void dotn_q6_k_avx2(const uint8_t *w, const kq_block_q8 *const *ys, const int nr, int64_t nb,
                                   float *out) {
-    const __m256i m4 = _mm256_set1_epi8(0xf), m2 = _mm256_set1_epi8(3);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t b = 0; b < nb; b++, w += 210) {
         prefetch_block(w, 210);
-        const uint8_t *ql = w, *qh = w + 128;
         const int8_t *sc = (const int8_t *)(w + 192);
         const float d = _cvtsh_ss((uint16_t)(w[208] | (w[209] << 8)));
         __m256i isum[4];
         for (int r = 0; r < nr; r++)
             isum[r] = _mm256_mullo_epi32(offsets_q6(sc, ys[r][b].bsums), _mm256_set1_epi32(-32));
         for (int half = 0; half < 2; half++) {
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * half));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * half));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * half + 32));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4)),
-            };
+            __m256i q[4];
+            codes_q6_half(w, half, q);
             for (int i = 0; i < 4; i++) {
                 const int g = 8 * half + 2 * i;
                 const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
