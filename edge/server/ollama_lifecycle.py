@@ -52,7 +52,9 @@ Report = tuple[int, int, str]  # what models.pull reports: (done_bytes, total_by
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # a field edge does not know (an older client's username / password, a future option) is a 400 naming it,
+    # never dropped: the request may have meant something edge would not do
+    model_config = ConfigDict(extra="forbid")
 
     model: str = ""
     name: str = ""  # Ollama's older field, still sent by some clients

@@ -212,6 +212,8 @@ def test_names_edge_cannot_pull_or_delete_are_clear_errors(
     assert tiny_model.exists()
     r = httpx.request("DELETE", lifecycle_server.url + "/api/delete", json={})
     assert r.status_code == 404 and "model is required" in r.json()["error"]
+    r = httpx.post(lifecycle_server.url + "/api/pull", json={"model": "tiny-cat-test", "username": "u"})
+    assert r.status_code == 400 and "username" in r.json()["error"]
 
 
 @pytest.mark.parametrize("what", ["create", "copy", "push"])
