@@ -17,6 +17,7 @@ import edge
 from edge.errors import GrammarError
 from edge.grammar import Grammar
 from edge.server import Server
+from tests.server.schema_asks import ask_with_schema
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m"
@@ -70,16 +71,8 @@ def test_every_answer_validates(served: tuple[str, openai.OpenAI]) -> None:
     bad, cut = [], []
     for i, case in enumerate(ENFORCED):
         schema = case["schema"]
-        fmt = {"type": "json_schema", "json_schema": {"name": case["name"], "schema": schema, "strict": True}}
         ask = f"Reply with a JSON value for this JSON Schema, short realistic values:\n{json.dumps(schema)}"
-        r = client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": ask}],
-            response_format=fmt,  # type: ignore[arg-type]
-            temperature=0.7,
-            seed=i,
-            max_tokens=MAX_TOKENS,
-        )
+        r = ask_with_schema(client, MODEL, ask, case["name"], schema, i, MAX_TOKENS)
         choice, text = r.choices[0], r.choices[0].message.content or ""
         if choice.finish_reason == "length":
             assert r.usage is not None and r.usage.completion_tokens == MAX_TOKENS, (case["name"], r.usage)

@@ -24,6 +24,7 @@ import pytest
 import edge
 from edge.schemas import KEYWORDS
 from edge.server import Server
+from tests.server.schema_asks import ask_with_schema
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m"
@@ -89,16 +90,9 @@ def outcomes(client: openai.OpenAI) -> Outcomes:
         # the name and title only: the whole schema (140 KB for a Deployment) would not fit the context
         about = schema.get("title") or schema.get("description") or name
         ask = f"Reply with a short JSON value for a {name.split('-', 1)[1]} ({str(about)[:200]})."
-        fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
         try:
-            r = client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": ask}],
-                response_format=fmt,  # type: ignore[arg-type]
-                temperature=0.7,
-                seed=i,
-                max_tokens=MAX_TOKENS,
-                extra_body={"repeat_penalty": REPEAT_PENALTY},
+            r = ask_with_schema(
+                client, MODEL, ask, f"s{i}", schema, i, MAX_TOKENS, repeat_penalty=REPEAT_PENALTY
             )
         except openai.BadRequestError as exc:
             out.refused.append((name, exc.message))
